@@ -1,0 +1,130 @@
+"""Content-addressed build cache (compiled kernels, linked libraries).
+
+Layout: ``<root>/v1/<kind>/<key[:2]>/<key>/`` holding the entry's files and
+``meta.json``, which is written last and names every file with its sha256.
+
+Concurrency model:
+
+* An entry is built in ``<root>/tmp/<unique>/`` (files fsynced), then moved
+  into place with one ``rename`` of the directory while holding the entry's
+  file lock, after checking again that no valid entry appeared meanwhile.
+  A reader therefore sees either no entry or a complete one; a process
+  killed at any point leaves at most a stray temp directory, never a
+  half-written entry. Work is done outside the lock; the lock is held only
+  for the check-and-rename (milliseconds).
+* A read verifies ``meta.json`` (its full key must match: the directory name
+  alone is never trusted) and every file's sha256. A corrupt entry is a miss;
+  it is moved to ``<root>/quarantine/`` so the next write can replace it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from filelock import FileLock
+
+SCHEMA = 1
+
+
+def canonical_key(parts: Mapping[str, object]) -> str:
+    """sha256 of the canonical JSON of ``parts`` (sorted keys, no whitespace)."""
+    text = json.dumps({"schema": SCHEMA, **parts}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    key: str
+    directory: Path
+    meta: dict
+
+    def read(self, name: str) -> bytes:
+        return (self.directory / name).read_bytes()
+
+
+class ContentCache:
+    def __init__(self, root: Path):
+        self.root = root
+
+    def _entry_dir(self, kind: str, key: str) -> Path:
+        return self.root / f"v{SCHEMA}" / kind / key[:2] / key
+
+    def _lock(self, kind: str, key: str) -> FileLock:
+        path = self.root / "locks" / kind / f"{key}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(path))
+
+    def get(self, kind: str, key: str) -> CacheEntry | None:
+        directory = self._entry_dir(kind, key)
+        if not directory.exists():
+            return None
+        entry = self._verify(directory, key)
+        if entry is None:
+            self._quarantine(kind, key, directory)
+        return entry
+
+    def put(self, kind: str, key: str, files: Mapping[str, bytes], meta: Mapping[str, object]) -> CacheEntry:
+        tmp = self.root / "tmp" / f"{key}.{os.getpid()}.{uuid.uuid4().hex}"
+        tmp.mkdir(parents=True)
+        try:
+            for name, data in files.items():
+                _write_synced(tmp / name, data)
+            record = {"key": key, "meta": dict(meta),
+                      "files": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}}
+            _write_synced(tmp / "meta.json", json.dumps(record, sort_keys=True, indent=1).encode())
+            final = self._entry_dir(kind, key)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            with self._lock(kind, key):
+                existing = self._verify(final, key) if final.exists() else None
+                if existing is not None:
+                    return existing
+                if final.exists():
+                    self._quarantine(kind, key, final)
+                os.rename(tmp, final)
+                _fsync_dir(final.parent)
+            return CacheEntry(key, final, dict(meta))
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def _verify(self, directory: Path, key: str) -> CacheEntry | None:
+        try:
+            record = json.loads((directory / "meta.json").read_bytes())
+            if record.get("key") != key:
+                return None
+            for name, digest in record["files"].items():
+                if hashlib.sha256((directory / name).read_bytes()).hexdigest() != digest:
+                    return None
+            return CacheEntry(key, directory, record["meta"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _quarantine(self, kind: str, key: str, directory: Path) -> None:
+        target = self.root / "quarantine" / f"{kind}-{key}-{uuid.uuid4().hex[:8]}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(directory, target)
+        except OSError:
+            pass  # another process moved or replaced it first
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,251 @@
+"""The kernel catalog: YAML files of tile configs, expanded into entries.
+
+``catalog/gemm/<pipeline>.yaml`` lists kernels. Each item under ``kernels``
+gives fields directly or lists values under ``sweep`` (the cartesian product
+of the listed values is taken); ``defaults`` fills what an item leaves out.
+Every expanded :class:`CatalogEntry` remembers the YAML path each of its
+fields came from, so a rule can point at the exact line of the value it
+rejects. ``catalog/catalog.yaml`` holds the bundle version and size budget.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
+
+from builder.config import Cluster, DTypes, KernelConfig, Layout, Raster, Schedule, Tile
+from builder.diagnostics import Diagnostic, DiagnosticError, Location
+from builder.dtypes import DType
+from builder.naming import format_kernel_id
+from builder.pydantic_errors import diagnostics_from_validation
+from builder.yamlsrc import YamlDocument, YamlPath, load_yaml
+
+KERNEL_FIELDS = ("dtypes", "layout", "tile", "cluster", "schedule", "raster", "swizzle", "stages")
+REQUIRED_FIELDS = ("dtypes", "layout", "tile", "cluster")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DTypesModel(_Strict):
+    a: DType
+    b: DType
+    acc: DType
+    c: DType
+
+
+LayoutCode = Literal["tn", "nn", "nt", "tt"]
+Stages = PositiveInt | Literal["auto"]
+
+
+class KernelFields(_Strict):
+    dtypes: DTypesModel | None = None
+    layout: LayoutCode | None = Field(default=None, description="BLAS letters: A t=K-major/n=M-major, B n=K-major/t=N-major")
+    tile: tuple[PositiveInt, PositiveInt, PositiveInt] | None = Field(default=None, description="CTA tile [M, N, K]")
+    cluster: tuple[PositiveInt, PositiveInt] | None = Field(default=None, description="cluster shape [M, N] in CTAs")
+    schedule: Schedule | None = None
+    raster: Raster | None = None
+    swizzle: PositiveInt | None = Field(default=None, description="tiles per band in the raster walk (L2 reuse)")
+    stages: Stages | None = Field(default=None, description="shared-memory pipeline depth, or auto")
+
+
+class SweepFields(_Strict):
+    dtypes: list[DTypesModel] | None = Field(default=None, min_length=1)
+    layout: list[LayoutCode] | None = Field(default=None, min_length=1)
+    tile: list[tuple[PositiveInt, PositiveInt, PositiveInt]] | None = Field(default=None, min_length=1)
+    cluster: list[tuple[PositiveInt, PositiveInt]] | None = Field(default=None, min_length=1)
+    schedule: list[Schedule] | None = Field(default=None, min_length=1)
+    raster: list[Raster] | None = Field(default=None, min_length=1)
+    swizzle: list[PositiveInt] | None = Field(default=None, min_length=1)
+    stages: list[Stages] | None = Field(default=None, min_length=1)
+
+
+class KernelItem(KernelFields):
+    sweep: SweepFields | None = None
+    targets: list[str] | None = Field(default=None, min_length=1, description="override the file's targets")
+
+
+class CatalogFile(_Strict):
+    pipeline: str = Field(pattern=r"^sm\d+$")
+    targets: list[str] = Field(min_length=1, description="compile targets, e.g. [sm_90a]")
+    defaults: KernelFields = KernelFields()
+    kernels: list[KernelItem] = Field(min_length=1)
+
+
+class CatalogSettings(_Strict):
+    version: str = Field(pattern=r"^\d+\.\d+\.\d+$", description="semantic version of built bundles")
+    wheel_size_limit: str = Field(default="100MB", pattern=r"^\d+(\.\d+)?\s*(B|KB|MB|GB)$")
+
+    @field_validator("version")
+    @classmethod
+    def _no_leading_zeros(cls, v: str) -> str:
+        if any(len(p) > 1 and p.startswith("0") for p in v.split(".")):
+            raise ValueError("version parts must not have leading zeros")
+        return v
+
+    @property
+    def wheel_size_limit_bytes(self) -> int:
+        return parse_size(self.wheel_size_limit)
+
+
+def parse_size(text: str) -> int:
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB)\s*", text)
+    if not match:
+        raise ValueError(f"{text!r} is not a size such as 100MB")
+    scale = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9}[match.group(2)]
+    return int(float(match.group(1)) * scale)
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One expanded kernel with the YAML paths its fields came from."""
+
+    config: KernelConfig
+    targets: tuple[str, ...]
+    file: str
+    item: int
+    field_paths: Mapping[str, YamlPath]
+    doc: YamlDocument
+
+    @property
+    def kernel_id(self) -> str:
+        return format_kernel_id(self.config)
+
+    def locate(self, field: str | None = None) -> Location:
+        """Location of ``field``'s value (or of the whole item)."""
+        path = self.field_paths.get(field) if field else None
+        return self.doc.locate(path if path is not None else ("kernels", self.item))
+
+
+@dataclass(frozen=True)
+class Catalog:
+    settings: CatalogSettings
+    entries: tuple[CatalogEntry, ...]
+    files: tuple[str, ...]
+
+    def for_target(self, arch: str) -> tuple[CatalogEntry, ...]:
+        return tuple(e for e in self.entries if arch in e.targets)
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for e in self.entries:
+            for t in e.targets:
+                seen.setdefault(t)
+        return tuple(seen)
+
+
+def load_catalog(catalog_dir: Path, root: Path | None = None, files: list[Path] | None = None) -> Catalog:
+    """Load ``catalog.yaml`` and every ``gemm/*.yaml`` (or just ``files``).
+
+    All schema problems of all files are collected before raising.
+    """
+    problems: list[Diagnostic] = []
+    settings = _load_settings(catalog_dir / "catalog.yaml", root, problems)
+    paths = files if files is not None else sorted((catalog_dir / "gemm").glob("*.yaml"))
+    entries: list[CatalogEntry] = []
+    shown: list[str] = []
+    for path in paths:
+        display = _display(path, root)
+        shown.append(display)
+        try:
+            doc = load_yaml(path, display)
+            model = CatalogFile.model_validate(doc.data)
+        except DiagnosticError as exc:
+            problems.extend(exc.diagnostics)
+            continue
+        except ValidationError as exc:
+            problems.extend(diagnostics_from_validation(exc, doc, "CATALOG-SCHEMA"))
+            continue
+        entries.extend(_expand(model, doc, problems))
+    if problems:
+        raise DiagnosticError(problems)
+    return Catalog(settings or CatalogSettings(version="0.0.0"), tuple(entries), tuple(shown))
+
+
+def _load_settings(path: Path, root: Path | None, problems: list) -> CatalogSettings | None:
+    if not path.exists():
+        problems.append(Diagnostic("CATALOG-SETTINGS", "catalog.yaml is missing", Location(_display(path, root)),
+                                   "create it with `version: 0.1.0` (the bundle version)"))
+        return None
+    try:
+        doc = load_yaml(path, _display(path, root))
+        return CatalogSettings.model_validate(doc.data)
+    except DiagnosticError as exc:
+        problems.extend(exc.diagnostics)
+    except ValidationError as exc:
+        problems.extend(diagnostics_from_validation(exc, doc, "CATALOG-SCHEMA"))
+    return None
+
+
+def _expand(model: CatalogFile, doc: YamlDocument, problems: list) -> list[CatalogEntry]:
+    out: list[CatalogEntry] = []
+    for i, item in enumerate(model.kernels):
+        base: dict[str, tuple[object, YamlPath]] = {}
+        for name in KERNEL_FIELDS:
+            if getattr(model.defaults, name) is not None:
+                base[name] = (getattr(model.defaults, name), ("defaults", name))
+            if getattr(item, name) is not None:
+                base[name] = (getattr(item, name), ("kernels", i, name))
+        sweep_axes = []
+        if item.sweep is not None:
+            for name in KERNEL_FIELDS:
+                values = getattr(item.sweep, name)
+                if values is None:
+                    continue
+                if getattr(item, name) is not None:
+                    problems.append(Diagnostic(
+                        "CATALOG-SWEEP", f"{name!r} is given both directly and under sweep",
+                        doc.locate(("kernels", i, "sweep", name)), "keep one of the two"))
+                sweep_axes.append([(name, v, ("kernels", i, "sweep", name, j)) for j, v in enumerate(values)])
+        targets = tuple(item.targets or model.targets)
+        for combo in itertools.product(*sweep_axes) if sweep_axes else [()]:
+            fields = dict(base)
+            for name, value, path in combo:
+                fields[name] = (value, path)
+            missing = [f for f in REQUIRED_FIELDS if f not in fields]
+            if missing:
+                problems.append(Diagnostic(
+                    "CATALOG-INCOMPLETE", f"kernel is missing {', '.join(missing)}",
+                    doc.locate(("kernels", i)), "give the fields in the item, its sweep, or defaults"))
+                break
+            out.append(CatalogEntry(_make_config(model.pipeline, fields), targets, doc.file, i,
+                                    {k: v[1] for k, v in fields.items()} | {"targets": ("kernels", i, "targets")
+                                    if item.targets else ("targets",), "pipeline": ("pipeline",)}, doc))
+    return out
+
+
+def _make_config(pipeline: str, fields: dict[str, tuple[object, YamlPath]]) -> KernelConfig:
+    def get(name, default=None):
+        return fields[name][0] if name in fields else default
+
+    d = get("dtypes")
+    tile = get("tile")
+    cluster = get("cluster")
+    stages = get("stages")
+    return KernelConfig(
+        pipeline=pipeline,
+        dtypes=DTypes(d.a, d.b, d.acc, d.c),
+        layout=Layout.from_code(get("layout")),
+        tile=Tile(*tile),
+        cluster=Cluster(*cluster),
+        schedule=get("schedule", Schedule.COOPERATIVE),
+        raster=get("raster", Raster.M),
+        swizzle=get("swizzle", 1),
+        stages=None if stages in (None, "auto") else stages,
+    )
+
+
+def _display(path: Path, root: Path | None) -> str:
+    if root is not None:
+        try:
+            return str(path.resolve().relative_to(root.resolve()))
+        except ValueError:
+            pass
+    return str(path)

@@ -1,0 +1,183 @@
+"""The ``tilekiln`` command line.
+
+Each command parses its options, calls one builder function and maps the
+outcome to an exit code: 0 success, 1 the input is invalid or a kernel
+failed, 2 usage, configuration or I/O error, 101 internal error. Problems are
+reported once, as text, JSON or GitHub annotations; never as a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from builder import __version__
+from builder.diagnostics import Diagnostic, DiagnosticError, Severity, has_errors, render
+from builder.env import settings
+
+EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 101
+FORMATS = click.Choice(["text", "json", "github"])
+
+
+def _root(ctx_root: str | None) -> Path:
+    return Path(ctx_root).resolve() if ctx_root else settings().project_root
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tilekiln")
+@click.option("--root", type=click.Path(file_okay=False), default=None,
+              help="project root holding catalog/ and templates/ (default: the current directory)")
+@click.pass_context
+def main(ctx: click.Context, root: str | None) -> None:
+    """Ahead-of-time GEMM kernel builds from a validated catalog."""
+    ctx.obj = _root(root)
+
+
+def _report(diagnostics, fmt: str, stream=None) -> None:
+    text = render(diagnostics, fmt)
+    if fmt == "json":
+        click.echo(text, file=stream)
+    elif text:
+        click.echo(text, file=stream or sys.stderr)
+
+
+@main.command()
+@click.argument("paths", nargs=-1, type=click.Path())
+@click.option("--format", "fmt", type=FORMATS, default="text", show_default=True)
+@click.option("--explain", "explain_id", metavar="ID", default=None,
+              help="print the derived values (stages, shared memory, registers) of one kernel")
+@click.option("--strict", is_flag=True, help="treat warnings as errors")
+@click.pass_obj
+def validate(root: Path, paths: tuple[str, ...], fmt: str, explain_id: str | None, strict: bool) -> None:
+    """Check catalog files against the hardware facts (default: catalog/)."""
+    from builder.rules import summarize
+    from builder.validate import Project, validate_project
+
+    project = Project(root)
+    catalog_dir, files = None, None
+    for p in paths:
+        path = Path(p)
+        if not path.exists():
+            raise click.UsageError(f"{p}: no such file or directory")
+        if path.is_dir():
+            catalog_dir = path
+        else:
+            files = (files or []) + [path]
+    result = validate_project(project, catalog_dir, files)
+    if explain_id is not None:
+        match = [k for k in result.kernels if k.entry.kernel_id == explain_id]
+        if not match:
+            _report(result.diagnostics, fmt)
+            raise click.UsageError(f"no valid kernel with id {explain_id!r} in the catalog")
+        click.echo(json.dumps(summarize(match[0]), indent=2))
+        sys.exit(EXIT_OK)
+    _report(result.diagnostics, fmt)
+    failing = has_errors(result.diagnostics) or (strict and any(
+        d.severity is Severity.WARNING for d in result.diagnostics))
+    if fmt == "text":
+        n = len(result.catalog.entries) if result.catalog else 0
+        status = "invalid" if failing else "ok"
+        click.echo(f"{status}: {n} kernels, {sum(d.severity is Severity.ERROR for d in result.diagnostics)} "
+                   f"errors, {sum(d.severity is Severity.WARNING for d in result.diagnostics)} warnings",
+                   err=True)
+    sys.exit(EXIT_INVALID if failing else EXIT_OK)
+
+
+@main.command()
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="write to a file instead of stdout")
+def schema(out: str | None) -> None:
+    """Write the JSON Schema of catalog files (for editor completion and checks)."""
+    from builder.catalog import CatalogFile
+
+    text = json.dumps(CatalogFile.model_json_schema(), indent=2) + "\n"
+    if out:
+        Path(out).write_text(text)
+    else:
+        click.echo(text, nl=False)
+
+
+def _parse_shard(value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    try:
+        index, count = (int(x) for x in value.split("/"))
+    except ValueError:
+        raise click.BadParameter("use I/N, e.g. 1/4") from None
+    if not 1 <= index <= count:
+        raise click.BadParameter(f"shard index must be within 1..{count}, got {index}")
+    return index, count
+
+
+def _selection(pipeline, arch, only, shard):
+    from builder.build import Selection
+
+    return Selection(tuple(pipeline), tuple(arch), tuple(only), _parse_shard(shard))
+
+
+@main.command()
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="output directory (default: artifacts/)")
+@click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None,
+              help="cache directory (default: $TILEKILN_CACHE_DIR or artifacts/.cache)")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
+              help="parallel compile workers (default: one per core, within memory)")
+@click.option("--executor", default="local", show_default=True, help="local, ray or ray=ADDRESS")
+@click.option("--pipeline", multiple=True, help="build only this pipeline (repeatable)")
+@click.option("--arch", multiple=True, help="build only this target, e.g. sm_90a (repeatable)")
+@click.option("--only", multiple=True, metavar="PATTERN", help="build only kernel ids matching (glob)")
+@click.option("--shard", default=None, metavar="I/N", help="build the I-th of N deterministic shards")
+@click.option("--allow-partial", is_flag=True, help="write a bundle of the kernels that compiled")
+@click.option("--progress", type=click.Choice(["auto", "rich", "plain", "none"]), default="auto",
+              show_default=True)
+@click.option("--format", "fmt", type=FORMATS, default="text", show_default=True,
+              help="format of diagnostics if the catalog is invalid")
+@click.pass_obj
+def build(root: Path, out_dir, cache_dir, jobs, executor, pipeline, arch, only, shard, allow_partial,
+          progress, fmt) -> None:
+    """Validate and build the catalog into bundles under artifacts/."""
+    from builder.build import BuildRequest, build as run_build
+    from builder.parallel import default_jobs, make_executor
+    from builder.report import print_build_result
+
+    cfg = settings(root)
+    try:
+        request = BuildRequest(
+            root=root, out_dir=Path(out_dir).resolve() if out_dir else cfg.artifacts_dir,
+            cache_dir=Path(cache_dir).resolve() if cache_dir else cfg.cache_dir,
+            executor=make_executor(executor, jobs or default_jobs()),
+            selection=_selection(pipeline, arch, only, shard), allow_partial=allow_partial, progress=progress)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        result = run_build(request)
+    except DiagnosticError as exc:
+        _report(exc.diagnostics, fmt)
+        sys.exit(EXIT_INVALID)
+    print_build_result(result)
+    sys.exit(EXIT_OK if result.ok else EXIT_INVALID)
+
+
+@main.command(name="list")
+@click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None)
+@click.option("--pipeline", multiple=True)
+@click.option("--arch", multiple=True)
+@click.option("--only", multiple=True, metavar="PATTERN")
+@click.option("--shard", default=None, metavar="I/N")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.pass_obj
+def list_kernels(root: Path, cache_dir, pipeline, arch, only, shard, fmt) -> None:
+    """Show what a build would compile and what is already cached."""
+    from builder.report import list_planned
+
+    cfg = settings(root)
+    rows = list_planned(root, Path(cache_dir).resolve() if cache_dir else cfg.cache_dir,
+                        _selection(pipeline, arch, only, shard))
+    if fmt == "json":
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        for row in rows:
+            click.echo(f"{row['arch']:8s} {'cached' if row['cached'] else 'build ':6s} {row['kernel']}")
+        click.echo(f"{len(rows)} kernels, {sum(r['cached'] for r in rows)} cached", err=True)

@@ -1,0 +1,97 @@
+"""Kernel configurations as frozen values.
+
+A :class:`KernelConfig` is one point of the catalog after sweep expansion: the
+geometry and numerics of one kernel, independent of the arch it is compiled
+for. It is *canonical*: optional choices equal to their default are stored as
+``None``, so equal kernels compare (and name) equal. ``naming`` turns it into
+its id and back.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from builder.dtypes import DType
+
+
+class Schedule(str, enum.Enum):
+    """How the consumer warpgroups share work (sm90).
+
+    cooperative: all consumer warpgroups work on one CTA tile, split along M.
+    pingpong: each consumer warpgroup owns a whole tile and the two alternate,
+    so one's epilogue overlaps the other's mainloop.
+    """
+
+    COOPERATIVE = "cooperative"
+    PINGPONG = "pingpong"
+
+
+class Raster(str, enum.Enum):
+    """Order in which a persistent CTA walks output tiles: down M first or along N first."""
+
+    M = "m"
+    N = "n"
+
+
+@dataclass(frozen=True)
+class DTypes:
+    a: DType
+    b: DType
+    acc: DType
+    c: DType
+
+    @property
+    def tokens(self) -> tuple[str, str, str, str]:
+        return (self.a.value, self.b.value, self.acc.value, self.c.value)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Operand majorness in BLAS letters: A ``t`` = row-major (K-major), ``n`` = M-major;
+    B ``n`` = column-major K x N (K-major), ``t`` = N-major. C is always row-major."""
+
+    a_k_major: bool
+    b_k_major: bool
+
+    @property
+    def code(self) -> str:
+        return ("t" if self.a_k_major else "n") + ("n" if self.b_k_major else "t")
+
+    @classmethod
+    def from_code(cls, code: str) -> "Layout":
+        if len(code) != 2 or code[0] not in "tn" or code[1] not in "tn":
+            raise ValueError(f"layout must be two letters from t/n such as 'tn', got {code!r}")
+        return cls(a_k_major=code[0] == "t", b_k_major=code[1] == "n")
+
+
+@dataclass(frozen=True)
+class Tile:
+    m: int
+    n: int
+    k: int
+
+
+@dataclass(frozen=True)
+class Cluster:
+    m: int
+    n: int
+
+    @property
+    def size(self) -> int:
+        return self.m * self.n
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One GEMM kernel: C[M,N] = A[M,K] @ B[K,N], batched over L."""
+
+    pipeline: str
+    dtypes: DTypes
+    layout: Layout
+    tile: Tile
+    cluster: Cluster
+    schedule: Schedule = Schedule.COOPERATIVE
+    raster: Raster = Raster.M
+    swizzle: int = 1
+    stages: int | None = None  # None: the largest count that fits shared memory

@@ -1,0 +1,71 @@
+"""Inspect a cubin: registers, spills, shared memory and a SASS census.
+
+Costs no GPU time and answers the first performance questions: did the
+matrix instructions we meant come out (``HGMMA``/``QGMMA`` on Hopper,
+``UTC*MMA`` on Blackwell), is there local-memory traffic (``LDL``/``STL``, a
+spill), how many registers does the kernel take. Uses the pinned
+``cuobjdump`` (with ``nvdisasm`` beside it for ``-sass``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.toolchain import toolchain
+
+# Opcode families reported in the build report and the manifest.
+CENSUS_OPCODES = ("HGMMA", "QGMMA", "IGMMA", "UTCHMMA", "UTCQMMA", "UTCOMMA", "UTCIMMA",
+                  "UTMALDG", "UTMASTG", "STSM", "LDL", "STL")
+
+_RES_RE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
+_SASS_RE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+_ARCH_RE = re.compile(r"code for (sm_\w+)")
+
+
+@dataclass(frozen=True)
+class CubinInfo:
+    arch: str
+    registers: int
+    stack_bytes: int
+    static_smem_bytes: int
+    local_bytes: int
+    census: tuple[tuple[str, int], ...]
+
+    @property
+    def spills(self) -> bool:
+        counts = dict(self.census)
+        return self.local_bytes > 0 or counts.get("LDL", 0) > 0 or counts.get("STL", 0) > 0
+
+    def count(self, opcode: str) -> int:
+        return dict(self.census).get(opcode, 0)
+
+
+def inspect_cubin(cubin: bytes) -> CubinInfo:
+    tools = toolchain()
+    env = dict(os.environ, PATH=f"{tools.cuobjdump.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    with tempfile.TemporaryDirectory(prefix="tilekiln-cubin-") as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        res = _run([str(tools.cuobjdump), "-res-usage", str(path)], env)
+        sass = _run([str(tools.cuobjdump), "-sass", str(path)], env)
+    usage = _RES_RE.findall(res)
+    if not usage:
+        raise RuntimeError(f"cuobjdump printed no resource usage:\n{res[:500]}")
+    regs, stack, shared, local = (max(int(u[i]) for u in usage) for i in range(4))
+    arch = _ARCH_RE.search(sass)
+    counts = Counter(m.group(1) for m in _SASS_RE.finditer(sass))
+    census = tuple((op, counts.get(op, 0)) for op in CENSUS_OPCODES)
+    return CubinInfo(arch.group(1) if arch else "unknown", regs, stack, shared, local, census)
+
+
+def _run(cmd: list[str], env: dict) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{Path(cmd[0]).name} failed: {proc.stderr.strip()[:500]}")
+    return proc.stdout

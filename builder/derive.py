@@ -1,0 +1,116 @@
+"""Derived values of a kernel: stages, shared-memory and register budgets.
+
+Rules and the renderer share these computations, so the validator checks
+exactly what the template will build. Numbers come from the hardware facts
+and the template manifest; nothing here restates a hardware value.
+
+The shared-memory model mirrors the ``Storage`` struct of
+``templates/sm90_gemm.py.j2``: the ring's mbarriers, then A, B and the
+epilogue buffer, each aligned to ``smem_buffer_alignment``; the DSL's static
+reservation comes on top. The compile stage compares this model with the
+struct size the DSL reports while tracing (``TRACE["smem_bytes"]``), so a
+drift between model and template fails the build instead of a launch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from builder.config import KernelConfig
+from builder.facts import PipelineFacts
+from builder.templates import Template
+
+
+def align_up(value: int, alignment: int) -> int:
+    return (value + alignment - 1) // alignment * alignment
+
+
+@dataclass(frozen=True)
+class SmemUse:
+    barrier_bytes: int
+    a_bytes: int
+    b_bytes: int
+    epilogue_bytes: int
+    dynamic_bytes: int  # the Storage struct, alignment padding included
+    static_bytes: int
+
+    @property
+    def total(self) -> int:
+        return self.dynamic_bytes + self.static_bytes
+
+    @property
+    def padding(self) -> int:
+        return self.dynamic_bytes - self.barrier_bytes - self.a_bytes - self.b_bytes - self.epilogue_bytes
+
+
+@dataclass(frozen=True)
+class Sm90Plan:
+    """Everything the sm90 template needs beyond the config itself."""
+
+    consumer_wgs: int
+    wg_tile_m: int
+    threads: int
+    epi_m: int
+    epi_n: int
+    epi_stages: int
+    stages: int  # resolved; 0 when not even one stage fits
+    max_fitting_stages: int
+    smem: SmemUse
+    smem_budget: int
+    producer_regs: int
+    consumer_regs: int
+    acc_regs_per_thread: int
+    stride_divisibility: tuple[int, int, int]  # elements, for A, B, C
+    base_alignment: int
+
+
+def sm90_smem(config: KernelConfig, facts: PipelineFacts, template: Template, stages: int,
+              epi_m: int, epi_n: int) -> SmemUse:
+    p = template.manifest.parameters
+    align = facts.require("smem_buffer_alignment")
+    d, t = config.dtypes, config.tile
+    barriers = 2 * stages * facts.require("mbarrier_bytes")
+    a = t.m * t.k * d.a.bits // 8 * stages
+    b = t.n * t.k * d.b.bits // 8 * stages
+    epi = epi_m * epi_n * d.c.bits // 8 * p.epilogue_stages
+    offset = align_up(barriers, align)
+    offset = align_up(offset + a, align)
+    offset = align_up(offset + b, align)
+    dynamic = align_up(offset + epi, align)
+    return SmemUse(barriers, a, b, epi, dynamic, p.static_smem_bytes)
+
+
+def plan_sm90(config: KernelConfig, facts: PipelineFacts, template: Template) -> Sm90Plan:
+    p = template.manifest.parameters
+    wg_threads = facts.require("threads_per_warpgroup")
+    mma_m = facts.require("mma_m_per_warpgroup")
+    consumer_wgs = max(1, min(p.max_consumer_warpgroups, config.tile.m // mma_m))
+    wg_tile_m = config.tile.m // consumer_wgs
+    epi_m = min(config.tile.m, mma_m * consumer_wgs)
+    epi_n = min(config.tile.n, p.epilogue_tile_n)
+    budget = facts.require("smem_per_block_optin")
+
+    fitting = 0
+    for s in range(1, p.max_stages + 1):
+        if sm90_smem(config, facts, template, s, epi_m, epi_n).total <= budget:
+            fitting = s
+    stages = config.stages if config.stages is not None else fitting
+    smem = sm90_smem(config, facts, template, max(stages, 1), epi_m, epi_n)
+
+    regs_total = facts.require("registers_per_sm")
+    step = facts.require("setmaxnreg").step
+    reg_cap = facts.require("max_registers_per_thread") // step * step
+    producer = p.producer_registers
+    consumer = min(reg_cap, (regs_total - producer * wg_threads) // (wg_threads * consumer_wgs) // step * step)
+    acc_regs = config.tile.m * config.tile.n * config.dtypes.acc.bits // 32 // (wg_threads * consumer_wgs)
+
+    tma_align = facts.require("tma_alignment_bytes")
+    d = config.dtypes
+    return Sm90Plan(
+        consumer_wgs=consumer_wgs, wg_tile_m=wg_tile_m, threads=wg_threads * (1 + consumer_wgs),
+        epi_m=epi_m, epi_n=epi_n, epi_stages=p.epilogue_stages,
+        stages=stages, max_fitting_stages=fitting, smem=smem, smem_budget=budget,
+        producer_regs=producer, consumer_regs=consumer, acc_regs_per_thread=acc_regs,
+        stride_divisibility=(d.a.elements_per(tma_align), d.b.elements_per(tma_align), d.c.elements_per(tma_align)),
+        base_alignment=tma_align,
+    )

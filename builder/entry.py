@@ -1,0 +1,27 @@
+"""Console entry point: runs the CLI and turns any escaped exception into exit 101.
+
+Kept free of third-party imports so that a runtime-only install (no build
+extra) gets a one-line explanation instead of an ImportError traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> None:
+    try:
+        from builder.cli import main as cli
+    except ImportError as exc:
+        print(f"tilekiln: the command line needs the build extra ({exc.name} is missing); "
+              "install it with: pip install 'tilekiln[build]'", file=sys.stderr)
+        sys.exit(2)
+    try:
+        cli(prog_name="tilekiln")
+    except KeyboardInterrupt:
+        print("tilekiln: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - last line of defence, reported as a bug
+        print(f"tilekiln: internal error: {type(exc).__name__}: {exc}\n"
+              "this is a bug in tilekiln; please report it with the command you ran", file=sys.stderr)
+        sys.exit(101)

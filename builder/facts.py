@@ -1,0 +1,220 @@
+"""Hardware facts: one reviewed YAML file per pipeline, one accessor.
+
+``catalog/hardware/<pipeline>.yaml`` holds every fact a rule or template may
+use, each with the source it was taken from. :func:`load_facts` validates the
+files (unknown keys are errors) and :meth:`PipelineFacts.require` is the only
+way rules read a value: a fact the pipeline does not declare raises
+:class:`~builder.diagnostics.DiagnosticError` naming the pipeline and file,
+so a new pipeline can never silently inherit another pipeline's number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from builder.diagnostics import Diagnostic, DiagnosticError, Location
+from builder.dtypes import DType
+from builder.pydantic_errors import diagnostics_from_validation
+from builder.yamlsrc import YamlDocument, load_yaml
+
+T = TypeVar("T")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Fact(_Strict, Generic[T]):
+    value: T
+    source: str = Field(min_length=3, description="where the value comes from (document, API, measurement)")
+
+
+class IntRange(_Strict):
+    min: int
+    max: int
+    step: int
+
+
+class DTypeCombo(_Strict):
+    """An MMA input/accumulator combination and the output types its epilogue may write."""
+
+    a: DType
+    b: DType
+    acc: DType
+    c: list[DType]
+    archs: list[str] | None = Field(default=None, description="only these targets have the instruction")
+
+
+class BlockScaleCombo(_Strict):
+    name: str
+    a: DType
+    b: DType
+    scale: DType
+    block: int
+    archs: list[str] | None = None
+
+
+class Target(_Strict):
+    """A compile target: ``a`` targets run only on that exact compute capability,
+    ``f`` targets on the same major with minor >= the target's."""
+
+    name: str = Field(pattern=r"^sm_\d+[af]?$")
+    kind: Literal["a", "f"]
+    compute_capability: tuple[int, int]
+
+
+class FactsBody(_Strict):
+    """Every fact any pipeline may declare; a pipeline leaves out what it lacks."""
+
+    mma_instruction: Fact[Literal["wgmma", "tcgen05"]] | None = None
+    threads_per_warpgroup: Fact[int] | None = None
+    mma_m_per_warpgroup: Fact[int] | None = None
+    mma_m_1cta: Fact[list[int]] | None = None
+    mma_m_2cta: Fact[list[int]] | None = None
+    mma_n: Fact[IntRange] | None = None
+    mma_n_step_2cta: Fact[int] | None = None
+    mma_k_bytes: Fact[int] | None = None
+    cta_k_bytes_max: Fact[int] | None = None
+    cta_k_bytes_fixed: Fact[int] | None = None
+    max_mma_per_cta_m: Fact[int] | None = None
+    smem_per_block_optin: Fact[int] | None = None
+    smem_oversized_carveout: Fact[int] | None = None
+    smem_descriptor_limit: Fact[int] | None = None
+    smem_buffer_alignment: Fact[int] | None = None
+    mbarrier_bytes: Fact[int] | None = None
+    tmem_columns: Fact[int] | None = None
+    tmem_exclusive_above: Fact[int] | None = None
+    max_cluster_size: Fact[int] | None = None
+    max_cluster_size_nonportable: Fact[int] | None = None
+    cluster_dims_power_of_two: Fact[bool] | None = None
+    tma_box_dim_max: Fact[int] | None = None
+    tma_alignment_bytes: Fact[int] | None = None
+    registers_per_sm: Fact[int] | None = None
+    max_registers_per_thread: Fact[int] | None = None
+    setmaxnreg: Fact[IntRange] | None = None
+    dtype_combos: Fact[list[DTypeCombo]] | None = None
+    mn_major_dtypes: Fact[list[DType]] | None = None
+    block_scale_combos: Fact[list[BlockScaleCombo]] | None = None
+
+
+class FactsFile(_Strict):
+    pipeline: str = Field(pattern=r"^sm\d+$")
+    description: str
+    targets: list[Target] = Field(min_length=1)
+    facts: FactsBody
+
+
+FACT_NAMES = tuple(FactsBody.model_fields)
+
+
+@dataclass(frozen=True)
+class PipelineFacts:
+    """The validated facts of one pipeline, read through :meth:`require`."""
+
+    pipeline: str
+    description: str
+    targets: tuple[Target, ...]
+    file: str
+    _body: FactsBody
+    _doc: YamlDocument
+
+    def require(self, name: str) -> Any:
+        """The value of fact ``name``; raises if this pipeline does not declare it."""
+        if name not in FACT_NAMES:
+            raise KeyError(f"{name!r} is not a fact name; known: {', '.join(FACT_NAMES)}")
+        fact = getattr(self._body, name)
+        if fact is None:
+            raise DiagnosticError([Diagnostic(
+                "FACT-MISSING",
+                f"pipeline {self.pipeline} declares no fact {name!r}, and a rule needs it",
+                self._doc.locate(("facts",)),
+                f"add `{name}: {{value: ..., source: ...}}` to {self.file}; facts are never "
+                "borrowed from another pipeline")])
+        return fact.value
+
+    def has(self, name: str) -> bool:
+        return getattr(self._body, name) is not None
+
+    def source(self, name: str) -> str:
+        fact = getattr(self._body, name)
+        return fact.source if fact is not None else ""
+
+    def locate(self, name: str) -> Location:
+        return self._doc.locate(("facts", name))
+
+    def target(self, arch: str) -> Target:
+        for t in self.targets:
+            if t.name == arch:
+                return t
+        raise KeyError(arch)
+
+    @property
+    def target_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.targets)
+
+
+@dataclass(frozen=True)
+class FactTable:
+    """All pipelines' facts; :meth:`pipeline` raises for an unknown pipeline."""
+
+    pipelines: tuple[PipelineFacts, ...]
+
+    def pipeline(self, name: str) -> PipelineFacts:
+        for p in self.pipelines:
+            if p.pipeline == name:
+                return p
+        raise UnknownPipeline(name, self.names)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.pipeline for p in self.pipelines)
+
+
+class UnknownPipeline(KeyError):
+    def __init__(self, name: str, known: tuple[str, ...]):
+        self.name, self.known = name, known
+        super().__init__(f"unknown pipeline {name!r}; known: {', '.join(known) or 'none'}")
+
+
+def load_facts(hardware_dir: Path, root: Path | None = None) -> FactTable:
+    """Load every ``*.yaml`` in ``hardware_dir``; all problems are reported together."""
+    pipelines: list[PipelineFacts] = []
+    problems: list[Diagnostic] = []
+    for path in sorted(hardware_dir.glob("*.yaml")):
+        display = _display(path, root)
+        try:
+            doc = load_yaml(path, display)
+            model = FactsFile.model_validate(doc.data)
+        except DiagnosticError as exc:
+            problems.extend(exc.diagnostics)
+            continue
+        except ValidationError as exc:
+            problems.extend(diagnostics_from_validation(exc, doc, "FACTS-SCHEMA"))
+            continue
+        if model.pipeline != path.stem:
+            problems.append(Diagnostic(
+                "FACTS-NAME", f"file declares pipeline {model.pipeline!r} but is named {path.name}",
+                doc.locate(("pipeline",)), f"rename the file to {model.pipeline}.yaml or fix the field"))
+            continue
+        pipelines.append(PipelineFacts(model.pipeline, model.description, tuple(model.targets),
+                                       display, model.facts, doc))
+    if problems:
+        raise DiagnosticError(problems)
+    if not pipelines:
+        raise DiagnosticError([Diagnostic("FACTS-NONE", "no hardware fact files found",
+                                          Location(_display(hardware_dir, root)),
+                                          "add catalog/hardware/<pipeline>.yaml")])
+    return FactTable(tuple(pipelines))
+
+
+def _display(path: Path, root: Path | None) -> str:
+    if root is not None:
+        try:
+            return str(path.resolve().relative_to(root.resolve()))
+        except ValueError:
+            pass
+    return str(path)

@@ -1,0 +1,82 @@
+"""Render a validated kernel into a CuTe DSL Python source.
+
+Only typed, validated values reach a template: the context below is built
+from the :class:`~builder.config.KernelConfig` and its derived plan, and the
+Jinja environment uses ``StrictUndefined`` so a misspelled variable is an
+error, not an empty string.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from builder.rules import KernelContext
+
+
+@dataclass(frozen=True)
+class RenderedSource:
+    kernel_id: str
+    text: str
+    template_sha256: str
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+
+@lru_cache(maxsize=4)
+def _environment(directory: str) -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(directory),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def template_context(ctx: KernelContext) -> dict[str, object]:
+    cfg, plan = ctx.entry.config, ctx.plan
+    return {
+        "kernel_id": ctx.entry.kernel_id,
+        "a_dtype": cfg.dtypes.a.cutlass_name,
+        "b_dtype": cfg.dtypes.b.cutlass_name,
+        "acc_dtype": cfg.dtypes.acc.cutlass_name,
+        "c_dtype": cfg.dtypes.c.cutlass_name,
+        "a_k_major": cfg.layout.a_k_major,
+        "b_k_major": cfg.layout.b_k_major,
+        "tile_m": cfg.tile.m, "tile_n": cfg.tile.n, "tile_k": cfg.tile.k,
+        "cluster_m": cfg.cluster.m, "cluster_n": cfg.cluster.n,
+        "stages": plan.stages,
+        "epi_m": plan.epi_m, "epi_n": plan.epi_n, "epi_stages": plan.epi_stages,
+        "consumer_wgs": plan.consumer_wgs,
+        "wg_threads": plan.threads // (1 + plan.consumer_wgs),
+        "wg_tile_m": plan.wg_tile_m,
+        "threads": plan.threads,
+        "producer_regs": plan.producer_regs,
+        "consumer_regs": plan.consumer_regs,
+        "raster": cfg.raster.value,
+        "raster_along_m": cfg.raster.value == "m",
+        "swizzle": cfg.swizzle,
+        "buffer_align": ctx.facts.require("smem_buffer_alignment"),
+        "a_stride_div": plan.stride_divisibility[0],
+        "b_stride_div": plan.stride_divisibility[1],
+        "c_stride_div": plan.stride_divisibility[2],
+    }
+
+
+def render_kernel(ctx: KernelContext) -> RenderedSource:
+    template = ctx.template
+    env = _environment(str(template.path.parent))
+    text = env.get_template(template.path.name).render(**template_context(ctx))
+    return RenderedSource(ctx.entry.kernel_id, text, template.source_sha256)
+
+
+def write_source(source: RenderedSource, directory: Path) -> Path:
+    path = directory / f"{source.kernel_id}.py"
+    path.write_text(source.text)
+    return path

@@ -1,0 +1,116 @@
+"""tilekiln runtime: load prebuilt GEMM bundles and run them. Never compiles.
+
+    import tilekiln
+    bundle = tilekiln.load("sm90a")        # an installed bundle, or a bundle directory
+    c = bundle.gemm(a, b)                  # torch.matmul semantics
+    c = tilekiln.gemm(a, b)                # picks the installed bundle for a's device
+    print(tilekiln.explain(a, b))          # which kernel, and why
+
+Imports only the standard library; torch is imported when torch tensors are
+passed. The builder, the CuTe DSL, jinja2, pydantic and yaml are never imported.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from tilekiln.errors import (BundleCompatibilityError, BundleError, BundleIntegrityError, LaunchError,
+                             NoKernelError, TilekilnError)
+
+__version__ = "0.1.0"
+__all__ = ["load", "bundles", "gemm", "explain", "Bundle", "TilekilnError", "BundleError",
+           "BundleIntegrityError", "BundleCompatibilityError", "NoKernelError", "LaunchError"]
+
+
+def load(path_or_name):
+    """A bundle by directory path or installed name (e.g. ``"sm90a"``); files are verified first."""
+    from tilekiln.discovery import find, open_bundle
+
+    path = Path(path_or_name)
+    if path.is_dir():
+        return open_bundle(path)
+    if isinstance(path_or_name, Path) or "/" in str(path_or_name):
+        raise BundleError(f"{path_or_name}: no such bundle directory")
+    return open_bundle(find(str(path_or_name)).directory)
+
+
+def bundles():
+    """Every bundle this process can see (installed wheels and TILEKILN_BUNDLE_PATH)."""
+    from tilekiln.discovery import installed
+
+    return installed()
+
+
+_default_lock = threading.Lock()
+_default_for_device: dict[int, object] = {}
+
+
+def _default_bundle(device: int):
+    bundle = _default_for_device.get(device)
+    if bundle is not None:
+        return bundle
+    with _default_lock:
+        if device in _default_for_device:
+            return _default_for_device[device]
+        from tilekiln._driver import compute_capability
+        from tilekiln.bundle import arch_runs_on
+        from tilekiln.discovery import describe_installed, installed, open_bundle
+        from tilekiln.manifest import read_manifest
+
+        cc = compute_capability(device)
+        matches = []
+        for loc in installed():
+            m = read_manifest(loc.directory, verify=False)
+            if arch_runs_on(m.arch_kind, m.compute_capability, cc):
+                matches.append((m.arch_kind != "a", loc))  # exact-arch bundles before family ones
+        if not matches:
+            raise BundleCompatibilityError(
+                f"no installed bundle runs on cuda:{device} (compute capability {cc[0]}.{cc[1]}; it needs a "
+                f"bundle for sm_{cc[0]}{cc[1]}a, or a family bundle sm_{cc[0]}Xf with X <= {cc[1]}). "
+                f"{describe_installed()}")
+        matches.sort(key=lambda t: t[0])
+        bundle = _default_for_device[device] = open_bundle(matches[0][1].directory)
+        return bundle
+
+
+def _device_of(a) -> int:
+    from tilekiln._tensors import describe, is_torch_tensor
+
+    if is_torch_tensor(a):
+        return a.get_device() if a.is_cuda else -1
+    return describe(a, "a").device
+
+
+def gemm(a, b, *, out=None, bundle=None, stream=None):
+    """``a @ b`` (torch.matmul semantics for 2-D and batched 3-D operands) with a prebuilt kernel.
+
+    ``bundle`` is a Bundle, a bundle name or directory; by default the installed
+    bundle for ``a``'s device. Runs on ``stream`` (default: torch's current
+    stream for torch tensors, the legacy default stream otherwise).
+    """
+    if bundle is None:
+        device = _device_of(a)
+        if device < 0:
+            raise ValueError("a: tensor is in host memory; tilekiln runs on CUDA devices, move it with .cuda()")
+        bundle = _default_bundle(device)
+    elif not hasattr(bundle, "gemm"):
+        bundle = load(bundle)
+    return bundle.gemm(a, b, out, stream=stream)
+
+
+def explain(a, b, *, out=None, bundle=None):
+    """The kernel ``gemm`` would run for these operands, why, and why not the others."""
+    if bundle is None:
+        bundle = _default_bundle(_device_of(a))
+    elif not hasattr(bundle, "gemm"):
+        bundle = load(bundle)
+    return bundle.explain(a, b, out)
+
+
+def __getattr__(name: str):
+    if name == "Bundle":
+        from tilekiln.bundle import Bundle
+
+        return Bundle
+    raise AttributeError(name)

@@ -1,0 +1,91 @@
+"""Duck-typed views of GEMM operands: torch tensors, ``__cuda_array_interface__``
+objects (CuPy, Numba) and ``__dlpack__`` producers.
+
+Only this module and ``_torch`` touch tensor objects; everything else sees an
+:class:`Operand` (shape, strides in elements, dtype token, pointer, device).
+torch is imported only when a torch tensor is passed or ``__dlpack__`` needs it.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+# numpy typestr kinds of __cuda_array_interface__ -> dtype tokens (no bf16 there).
+_CAI_DTYPES = {"<f2": "f16", "<f4": "f32", "|i1": "i8", "|u1": "u8", "<i4": "i32"}
+_TORCH_NAMES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float8_e4m3fn": "e4m3",
+                "float8_e5m2": "e5m2", "int8": "i8", "uint8": "u8", "int32": "i32"}
+
+
+@dataclass(frozen=True)
+class Operand:
+    name: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str
+    ptr: int
+    device: int  # CUDA ordinal; -1 for host memory
+    obj: object
+
+    @property
+    def itemsize(self) -> int:
+        return {"bf16": 2, "f16": 2, "f32": 4, "e4m3": 1, "e5m2": 1, "i8": 1, "u8": 1, "i32": 4}.get(self.dtype, 0)
+
+
+def is_torch_tensor(obj: object) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def torch_dtype_token(dtype: object) -> str:
+    return _TORCH_NAMES.get(str(dtype).removeprefix("torch."), str(dtype).removeprefix("torch."))
+
+
+def describe(obj: object, name: str) -> Operand:
+    """Read an operand; raises TypeError naming the argument if it is not an array."""
+    if is_torch_tensor(obj):
+        return _from_torch(obj, name)
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        return _from_cai(obj, cai, name)
+    if hasattr(obj, "__dlpack__"):
+        try:
+            import torch
+        except ImportError:
+            raise TypeError(f"{name}: __dlpack__ objects need torch to be read; pass a torch tensor or an "
+                            "object with __cuda_array_interface__") from None
+        return _from_torch(torch.from_dlpack(obj), name)
+    raise TypeError(f"{name}: expected a torch tensor or an object with __cuda_array_interface__ or "
+                    f"__dlpack__, got {type(obj).__name__}")
+
+
+def _from_torch(t, name: str) -> Operand:
+    device = t.get_device() if t.is_cuda else -1
+    return Operand(name, tuple(t.shape), tuple(t.stride()), torch_dtype_token(t.dtype), t.data_ptr(), device, t)
+
+
+def _from_cai(obj: object, cai: dict, name: str) -> Operand:
+    shape = tuple(int(s) for s in cai["shape"])
+    typestr = cai["typestr"]
+    dtype = _CAI_DTYPES.get(typestr, typestr)
+    itemsize = int(typestr[2:]) if typestr[2:].isdigit() else 1
+    if cai.get("strides") is None:
+        strides, acc = [], 1
+        for s in reversed(shape):
+            strides.append(acc)
+            acc *= s
+        strides = tuple(reversed(strides))
+    else:
+        raw = tuple(int(s) for s in cai["strides"])
+        if any(s % itemsize for s in raw):
+            raise ValueError(f"{name}: strides {raw} (bytes) are not multiples of the {itemsize}-byte item size")
+        strides = tuple(s // itemsize for s in raw)
+    ptr = int(cai["data"][0])
+    return Operand(name, shape, strides, dtype, ptr, _cai_device(ptr), obj)
+
+
+def _cai_device(ptr: int) -> int:
+    """The CUDA ordinal owning ``ptr``, via the driver (no torch)."""
+    from tilekiln._driver import pointer_device
+
+    return pointer_device(ptr)

@@ -1,0 +1,48 @@
+"""The torch fast path of ``gemm``.
+
+Imported only when torch tensors are passed. The plan cache key is the
+operands' dtype, shape, strides and device (plus the ``out`` signature); a
+hit costs the key, the data pointers, the current raw stream handle (the
+private ``torch._C._cuda_getCurrentRawStream``, about 0.2 us, where
+``torch.cuda.current_stream()`` costs about 4 us on the H200) and one
+ctypes call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tilekiln._tensors import describe
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def current_stream(device: int) -> int:
+    if _raw_stream is not None:
+        return _raw_stream(device)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _stream_handle(stream, device: int) -> int:
+    if stream is None:
+        return current_stream(device)
+    if isinstance(stream, torch.cuda.Stream):
+        return stream.cuda_stream
+    return int(stream)
+
+
+def torch_gemm(bundle, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, stream):
+    key = (a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.get_device(), b.get_device(),
+           None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()))
+    plan = bundle._plans.get(key)
+    if plan is None:
+        plan = bundle.plan(describe(a, "a"), describe(b, "b"), None if out is None else describe(out, "out"))
+        bundle._plans[key] = plan
+    if out is None:
+        out = torch.empty(plan.problem.out_shape, dtype=a.dtype, device=a.device)
+    if plan.kernel_index < 0:
+        if plan.problem.k == 0:
+            out.zero_()
+        return out
+    bundle.launch(plan, a.data_ptr(), b.data_ptr(), out.data_ptr(), _stream_handle(stream, plan.problem.device))
+    return out

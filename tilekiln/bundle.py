@@ -1,0 +1,227 @@
+"""A loaded bundle: its kernels, lazy per-device loading and the GEMM call.
+
+Concurrency model: the library is opened, each kernel's cubin loaded
+(``tk_init``) and its per-device attributes set (``tk_load``) lazily, the
+first time a kernel runs on a device, under one re-entrant lock per bundle;
+the hot path checks a set membership before taking it. Launches need no
+lock: the argument block is per thread and the C launcher keeps no state.
+Plans (validated problem + chosen kernel + packed static arguments) are
+cached per operand signature, so a repeated call pays a dictionary look-up,
+the pointer reads and one ctypes call.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from tilekiln import _native
+from tilekiln._native import NativeLibrary
+from tilekiln._tensors import Operand, describe, is_torch_tensor
+from tilekiln.errors import BundleCompatibilityError, BundleError, LaunchError, NoKernelError
+from tilekiln.manifest import Manifest, read_manifest
+from tilekiln.problem import GemmProblem, make_problem
+from tilekiln.select import Choice, choose
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    ordinal: int
+    compute_capability: tuple[int, int]
+    sm_count: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a repeated call with the same signature needs."""
+
+    problem: GemmProblem
+    kernel_index: int  # -1: nothing to launch (an empty result or K == 0)
+    kernel_id: str
+    static_args: tuple[int, ...]  # strides, m, n, k, l, clusters, device
+
+
+def arch_runs_on(arch_kind: str, target: tuple[int, int], device: tuple[int, int]) -> bool:
+    """``a`` code runs only on its exact compute capability; ``f`` (family) code on the
+    same major with a minor at least the target's."""
+    if arch_kind == "a":
+        return device == target
+    return device[0] == target[0] and device[1] >= target[1]
+
+
+class Bundle:
+    def __init__(self, directory: Path, manifest: Manifest):
+        self.directory = directory
+        self.manifest = manifest
+        self._lock = threading.RLock()
+        self._lib: NativeLibrary | None = None
+        self._initialized: set[int] = set()
+        self._ready: set[tuple[int, int]] = set()
+        self._devices: dict[int, DeviceInfo] = {}
+        self._plans: dict[tuple, Plan] = {}
+        self._tuning = dict(manifest.tuning)
+
+    @classmethod
+    def open(cls, directory: Path) -> "Bundle":
+        return cls(directory, read_manifest(directory))
+
+    def __repr__(self) -> str:
+        return f"<tilekiln bundle {self.name} {self.version} ({self.arch}, {len(self.kernels)} kernels)>"
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    @property
+    def version(self) -> str:
+        return self.manifest.version
+
+    @property
+    def arch(self) -> str:
+        return self.manifest.arch
+
+    @property
+    def kernels(self):
+        return self.manifest.kernels
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def _library(self) -> NativeLibrary:
+        if self._lib is None:
+            with self._lock:
+                if self._lib is None:
+                    lib = NativeLibrary(self.directory / self.manifest.library)
+                    if lib.kernel_ids() != [k.id for k in self.kernels]:
+                        raise BundleError(f"bundle {self.name}: the library's kernel table does not match "
+                                          "manifest.json; rebuild or reinstall the bundle")
+                    self._lib = lib
+        return self._lib
+
+    def device(self, ordinal: int) -> DeviceInfo:
+        info = self._devices.get(ordinal)
+        if info is None:
+            with self._lock:
+                info = self._devices.get(ordinal) or self._query_device(ordinal)
+                self._devices[ordinal] = info
+        return info
+
+    def _query_device(self, ordinal: int) -> DeviceInfo:
+        lib = self._library()
+        values = []
+        for attr in (_native.ATTR_COMPUTE_CAPABILITY_MAJOR, _native.ATTR_COMPUTE_CAPABILITY_MINOR,
+                     _native.ATTR_MULTIPROCESSOR_COUNT):
+            status, value = lib.device_attribute(attr, ordinal)
+            if status:
+                raise BundleError(f"cannot query cuda:{ordinal}: {lib.error_name(status)} "
+                                  f"({lib.error_string(status)})")
+            values.append(value)
+        cc = (values[0], values[1])
+        m = self.manifest
+        if not arch_runs_on(m.arch_kind, m.compute_capability, cc):
+            from tilekiln.discovery import describe_installed
+
+            rule = ("only on that exact compute capability" if m.arch_kind == "a"
+                    else f"on compute capability {m.compute_capability[0]}.x >= "
+                         f"{m.compute_capability[0]}.{m.compute_capability[1]}")
+            raise BundleCompatibilityError(
+                f"bundle {self.name} holds {m.arch} code, which runs {rule} "
+                f"({m.compute_capability[0]}.{m.compute_capability[1]}); cuda:{ordinal} is compute capability "
+                f"{cc[0]}.{cc[1]} and needs a bundle for sm_{cc[0]}{cc[1]}a or sm_{cc[0]}{cc[1]}f. "
+                f"{describe_installed()}")
+        return DeviceInfo(ordinal, cc, values[2])
+
+    def _ensure_ready(self, index: int, device: int) -> None:
+        if (index, device) in self._ready:
+            return
+        with self._lock:
+            if (index, device) in self._ready:
+                return
+            lib = self._library()
+            self.device(device)
+            if index not in self._initialized:
+                status = lib.init(index)
+                if status:
+                    raise BundleError(f"{self.kernels[index].id}: loading the cubin failed with "
+                                      f"{lib.error_name(status)} ({lib.error_string(status)})")
+                self._initialized.add(index)
+            status = lib.load(index, device)
+            if status:
+                raise BundleError(f"{self.kernels[index].id}: preparing it for cuda:{device} failed with "
+                                  f"{lib.error_name(status)} ({lib.error_string(status)})")
+            self._ready.add((index, device))
+
+    # -- planning ------------------------------------------------------------------------------
+
+    def plan(self, a: Operand, b: Operand, out: Operand | None) -> Plan:
+        problem = make_problem(a, b, out)
+        if problem.empty or problem.k == 0:
+            return Plan(problem, -1, "", ())
+        choice = self.choose(problem)
+        if choice.kernel is None:
+            raise NoKernelError(f"bundle {self.name} has no kernel for {problem.dtype} "
+                                f"{list(a.shape)} @ {list(b.shape)}:\n{choice}")
+        k = choice.kernel
+        clusters = max(1, self.device(problem.device).sm_count // k.cluster_size)
+        static = (problem.a.lead, problem.a.batch, problem.b.lead, problem.b.batch, problem.c.lead,
+                  problem.c.batch, problem.m, problem.n, problem.k, problem.batch, clusters, problem.device)
+        return Plan(problem, k.index, k.id, static)
+
+    def choose(self, problem: GemmProblem) -> Choice:
+        return choose(self.kernels, problem, self.device(problem.device).sm_count, self._tuning)
+
+    def explain(self, a, b, out=None) -> Choice:
+        """Which kernel would run for these operands, and why each other one would not."""
+        a_op, b_op = describe(a, "a"), describe(b, "b")
+        problem = make_problem(a_op, b_op, describe(out, "out") if out is not None else None)
+        return self.choose(problem)
+
+    # -- running -------------------------------------------------------------------------------
+
+    def gemm(self, a, b, out=None, *, stream=None):
+        """``a @ b`` with torch.matmul semantics, on the inputs' device and the current stream."""
+        if is_torch_tensor(a) and is_torch_tensor(b):
+            from tilekiln._torch import torch_gemm
+
+            return torch_gemm(self, a, b, out, stream)
+        return self._generic_gemm(a, b, out, stream)
+
+    def launch(self, plan: Plan, pa: int, pb: int, pc: int, stream: int) -> None:
+        if (pa | pb | pc) & 15:
+            for name, p in (("a", pa), ("b", pb), ("out", pc)):
+                if p & 15:
+                    raise ValueError(f"{name}: data pointer 0x{p:x} is not 16-byte aligned (offset {p % 16}); "
+                                     "the kernels load and store with TMA, which needs 16-byte aligned bases")
+        self._ensure_ready(plan.kernel_index, plan.problem.device)
+        lib = self._lib
+        buf = lib.args_buffer()
+        _native.ARGS.pack_into(buf, 0, pa, pb, pc, stream, *plan.static_args)
+        status = lib.launch(plan.kernel_index, buf)
+        if status:
+            raise LaunchError(plan.kernel_id, lib.error_name(status), lib.error_string(status))
+
+    def _generic_gemm(self, a, b, out, stream):
+        a_op, b_op = describe(a, "a"), describe(b, "b")
+        out_op = describe(out, "out") if out is not None else None
+        plan = self.plan(a_op, b_op, out_op)
+        if out_op is None:
+            if "torch" in sys.modules:
+                from tilekiln._torch import torch_gemm
+                import torch
+
+                return torch_gemm(self, torch.as_tensor(a, device=f"cuda:{a_op.device}"),
+                                  torch.as_tensor(b, device=f"cuda:{b_op.device}"), None, stream)
+            raise TypeError("out: pass an output array when the inputs are not torch tensors "
+                            "(tilekiln allocates results only through torch)")
+        if plan.kernel_index < 0:
+            p = plan.problem
+            if p.k == 0 and not p.empty:  # torch semantics: a sum over nothing is zero
+                from tilekiln._driver import zero_2d
+
+                for i in range(p.batch):
+                    zero_2d(out_op.ptr + i * p.c.batch * out_op.itemsize, p.c.lead * out_op.itemsize,
+                            p.n * out_op.itemsize, p.m, 0 if stream is None else int(stream))
+            return out
+        self.launch(plan, a_op.ptr, b_op.ptr, out_op.ptr, 0 if stream is None else int(stream))
+        return out

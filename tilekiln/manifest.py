@@ -1,0 +1,166 @@
+"""Read and verify a bundle's ``manifest.json`` (format: docs/bundle-format.md).
+
+Verification happens before the library is opened: the manifest's own digest
+(``integrity.manifest_sha256``, over its canonical JSON without that field),
+the schema's major version, the runtime ABI version, and the sha256 of every
+listed file. Any mismatch raises :class:`BundleIntegrityError` or
+:class:`BundleCompatibilityError`; nothing is loaded. The builder writes the
+digest with :func:`manifest_digest`, so there is one definition of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tilekiln.errors import BundleCompatibilityError, BundleIntegrityError
+
+MANIFEST_NAME = "manifest.json"
+SUPPORTED_SCHEMA_MAJOR = 1
+ABI_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Contract:
+    base_alignment: int
+    stride_divisibility: tuple[int, int, int]  # elements, for A, B, C
+    max_extent: int
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    index: int
+    id: str
+    dtypes: tuple[str, str, str, str]  # a, b, acc, c
+    a_major: str  # "k" or "m"
+    b_major: str  # "k" or "n"
+    tile: tuple[int, int, int]
+    cluster: tuple[int, int]
+    schedule: str
+    stages: int
+    contract: Contract
+    registers: int
+    smem_bytes: int
+    cubin_bytes: int
+    verification: str
+
+    @property
+    def cluster_size(self) -> int:
+        return self.cluster[0] * self.cluster[1]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    version: str
+    arch: str
+    arch_kind: str
+    compute_capability: tuple[int, int]
+    abi_version: int
+    library: str
+    kernels: tuple[KernelInfo, ...]
+    files: tuple[tuple[str, str], ...]
+    tuning: tuple[tuple[str, str], ...]  # (shape bucket, kernel id), measured by `tilekiln tune`
+    raw: dict
+
+    def kernel(self, kernel_id: str) -> KernelInfo:
+        for k in self.kernels:
+            if k.id == kernel_id:
+                return k
+        raise KeyError(kernel_id)
+
+
+def canonical_json(data: dict) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+
+def manifest_digest(data: dict) -> str:
+    """sha256 of the manifest without its ``integrity`` field."""
+    body = {k: v for k, v in data.items() if k != "integrity"}
+    return hashlib.sha256(canonical_json(body)).hexdigest()
+
+
+def read_manifest(directory: Path, verify: bool = True) -> Manifest:
+    path = directory / MANIFEST_NAME
+    label = directory.name
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise BundleIntegrityError(label, MANIFEST_NAME, "missing") from None
+    except OSError as exc:
+        raise BundleIntegrityError(label, MANIFEST_NAME, f"unreadable ({exc.strerror})") from None
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+    except ValueError as exc:
+        raise BundleIntegrityError(label, MANIFEST_NAME, f"not valid JSON ({exc})") from None
+    _check_versions(label, data)
+    if verify:
+        recorded = data.get("integrity", {}).get("manifest_sha256")
+        if recorded != manifest_digest(data):
+            raise BundleIntegrityError(label, MANIFEST_NAME, "content does not match its recorded sha256")
+    try:
+        manifest = _parse(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BundleIntegrityError(label, MANIFEST_NAME, f"malformed ({type(exc).__name__}: {exc})") from None
+    if verify:
+        verify_files(directory, manifest)
+    return manifest
+
+
+def _check_versions(label: str, data: dict) -> None:
+    schema = str(data.get("schema_version", ""))
+    major = schema.split(".")[0]
+    if not major.isdigit():
+        raise BundleIntegrityError(label, MANIFEST_NAME, f"schema_version {schema!r} is not a version")
+    if int(major) != SUPPORTED_SCHEMA_MAJOR:
+        raise BundleCompatibilityError(
+            f"bundle {label}: manifest schema version {schema} is not supported by this tilekiln runtime, "
+            f"which reads schema {SUPPORTED_SCHEMA_MAJOR}.x; install a tilekiln runtime that matches the bundle")
+    abi = data.get("bundle", {}).get("abi_version")
+    if abi != ABI_VERSION:
+        raise BundleCompatibilityError(
+            f"bundle {label}: library ABI version {abi} differs from this runtime's ABI {ABI_VERSION}; "
+            "install matching tilekiln and bundle versions")
+
+
+def verify_files(directory: Path, manifest: Manifest) -> None:
+    for relative, digest in manifest.files:
+        path = directory / relative
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise BundleIntegrityError(manifest.name, relative, "missing") from None
+        except OSError as exc:
+            raise BundleIntegrityError(manifest.name, relative, f"unreadable ({exc.strerror})") from None
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise BundleIntegrityError(manifest.name, relative,
+                                       f"sha256 mismatch ({len(data)} bytes; modified or truncated)")
+
+
+def _parse(data: dict) -> Manifest:
+    b = data["bundle"]
+    kernels = []
+    for k in data["kernels"]:
+        c = k["contract"]
+        sd = c["stride_divisibility"]
+        kernels.append(KernelInfo(
+            index=int(k["index"]), id=k["id"],
+            dtypes=(k["dtypes"]["a"], k["dtypes"]["b"], k["dtypes"]["acc"], k["dtypes"]["c"]),
+            a_major=k["layout"]["a"], b_major=k["layout"]["b"],
+            tile=tuple(k["tile"]), cluster=tuple(k["cluster"]), schedule=k["schedule"], stages=int(k["stages"]),
+            contract=Contract(int(c["base_alignment_bytes"]), (int(sd["a"]), int(sd["b"]), int(sd["c"])),
+                              int(c["max_extent"])),
+            registers=int(k["resources"]["registers"]), smem_bytes=int(k["resources"]["smem_bytes"]),
+            cubin_bytes=int(k["cubin"]["bytes"]), verification=k["verification"],
+        ))
+    tuning = tuple((str(bucket), str(kid)) for bucket, kid in sorted(data.get("tuning", {}).get("table", {}).items()))
+    return Manifest(
+        name=b["name"], version=b["version"], arch=b["arch"], arch_kind=b["arch_kind"],
+        compute_capability=tuple(b["compute_capability"]), abi_version=int(b["abi_version"]),
+        library=data["library"], kernels=tuple(kernels), files=tuple(sorted(data["files"].items())),
+        tuning=tuning, raw=data,
+    )

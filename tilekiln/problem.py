@@ -1,0 +1,153 @@
+"""From operands to a GEMM problem, with torch.matmul semantics.
+
+``a`` is (M, K) or (L, M, K), ``b`` is (K, N) or (L, K, N); a 2-D operand or a
+batch of 1 broadcasts over the other's batch. The result is (M, N), or
+(L, M, N) if either input is 3-D. Transposed views are not copied: an
+operand whose last dimension is contiguous is K-major (A) or N-major (B),
+one whose second-to-last is contiguous is the other majorness, and padded
+leading dimensions are kept. Every rejection raises ``ValueError`` or
+``TypeError`` naming the argument, the value and the requirement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tilekiln._tensors import Operand
+
+MAX_EXTENT = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Layout2:
+    """One operand as the kernels see it: majorness and the two non-unit strides (elements)."""
+
+    major: str  # A: "k" | "m"; B: "k" | "n"; C: "n"
+    lead: int  # stride between rows (K-major A: along M; M-major A: along K; ...)
+    batch: int  # stride between batch entries, 0 when broadcast
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    dtype: str
+    m: int
+    n: int
+    k: int
+    batch: int
+    a: Layout2
+    b: Layout2
+    c: Layout2
+    out_shape: tuple[int, ...]
+    device: int
+    fold_batch: bool  # a 3-D A times a 2-D B computed as one (L*M) x K GEMM
+
+    @property
+    def empty(self) -> bool:
+        return self.m == 0 or self.n == 0 or self.batch == 0
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k * self.batch
+
+
+def _check_rank(op: Operand) -> None:
+    if len(op.shape) not in (2, 3):
+        raise ValueError(f"{op.name}: expected a 2-D or 3-D tensor, got shape {list(op.shape)} "
+                         f"({len(op.shape)}-D); tilekiln.gemm follows torch.matmul for 2-D and batched 3-D inputs")
+
+
+def _normalize(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides of size-1 dimensions are never used; give them the value of a compact layout."""
+    out = list(strides)
+    expected = 1
+    for i in range(len(shape) - 1, -1, -1):
+        if shape[i] == 1:
+            out[i] = expected
+        expected = max(expected, abs(out[i]) * max(shape[i], 1))
+    return tuple(out)
+
+
+def _matrix_layout(op: Operand, rows: int, cols: int, row_major: str, col_major: str) -> Layout2:
+    strides = _normalize(op.shape, op.strides)
+    s_rows, s_cols = strides[-2], strides[-1]
+    batch = strides[0] if len(op.shape) == 3 else 0
+    if s_cols == 1 and (s_rows >= cols or rows == 1):
+        return Layout2(row_major, s_rows if rows > 1 else cols, batch)
+    if s_rows == 1 and (s_cols >= rows or cols == 1):
+        return Layout2(col_major, s_cols if cols > 1 else rows, batch)
+    raise ValueError(f"{op.name}: strides {list(op.strides)} for shape {list(op.shape)} are not supported; "
+                     "one of the last two dimensions must be contiguous (stride 1), e.g. a transposed view "
+                     "is fine but a strided slice of both is not; call .contiguous() first")
+
+
+def make_problem(a: Operand, b: Operand, out: Operand | None) -> GemmProblem:
+    _check_rank(a)
+    _check_rank(b)
+    if a.dtype != b.dtype:
+        raise TypeError(f"a and b must have the same dtype, got a {a.dtype} and b {b.dtype}")
+    if a.device < 0 or b.device < 0:
+        which = "a" if a.device < 0 else "b"
+        raise ValueError(f"{which}: tensor is in host memory; tilekiln runs on CUDA devices, move it with .cuda()")
+    if a.device != b.device:
+        raise ValueError(f"a is on cuda:{a.device} but b is on cuda:{b.device}; both must be on the same device")
+    m, k = a.shape[-2], a.shape[-1]
+    k2, n = b.shape[-2], b.shape[-1]
+    if k != k2:
+        raise ValueError(f"a and b shapes cannot be multiplied: a is {list(a.shape)} and b is {list(b.shape)} "
+                         f"(a's last dimension {k} must equal b's second-to-last {k2})")
+    la = a.shape[0] if len(a.shape) == 3 else None
+    lb = b.shape[0] if len(b.shape) == 3 else None
+    if la is not None and lb is not None and la != lb and 1 not in (la, lb):
+        raise ValueError(f"batch dimensions do not broadcast: a has {la} and b has {lb}")
+    batch = max(la or 1, lb or 1)
+    batched = la is not None or lb is not None
+    out_shape = (batch, m, n) if batched else (m, n)
+    for name, v in (("M", m), ("N", n), ("K", k), ("batch", batch)):
+        if v > MAX_EXTENT:
+            raise ValueError(f"{name} = {v} exceeds the kernels' 32-bit index range ({MAX_EXTENT})")
+    if 0 in (m, n, k, batch):
+        # Nothing to load: the result is empty, or all zeros when only K is 0.
+        if out is not None:
+            _check_out_shape(out, a, out_shape)
+        none = Layout2("", 0, 0)
+        return GemmProblem(a.dtype, m, n, k, batch, none, none, none, out_shape, a.device, False)
+    la_op = _matrix_layout(a, m, k, "k", "m")
+    lb_op = _matrix_layout(b, k, n, "n", "k")
+    if (la or 1) == 1 and batch > 1:
+        la_op = Layout2(la_op.major, la_op.lead, 0)
+    if (lb or 1) == 1 and batch > 1:
+        lb_op = Layout2(lb_op.major, lb_op.lead, 0)
+    lc_op = Layout2("n", n, m * n) if out is None else _check_out(out, a, out_shape)
+    # A batch of A rows times one B is a single taller GEMM when the batch
+    # entries of A and C are laid out back to back: one launch, no stride-0 operand.
+    fold = (batch > 1 and lb_op.batch == 0 and la_op.major == "k" and la == batch
+            and la_op.batch == m * la_op.lead and lc_op.batch == m * lc_op.lead)
+    if fold:
+        return GemmProblem(a.dtype, m * batch, n, k, 1, Layout2("k", la_op.lead, m * batch * la_op.lead),
+                           Layout2(lb_op.major, lb_op.lead, 0), Layout2("n", lc_op.lead, m * batch * lc_op.lead),
+                           out_shape, a.device, True)
+    if batch == 1:
+        # The batch stride of a single batch is never used; give it a value
+        # the TMA descriptor accepts (a non-zero multiple of the row stride).
+        la_op = Layout2(la_op.major, la_op.lead, la_op.lead * (m if la_op.major == "k" else k))
+        lb_op = Layout2(lb_op.major, lb_op.lead, lb_op.lead * (k if lb_op.major == "n" else n))
+        lc_op = Layout2("n", lc_op.lead, lc_op.lead * m)
+    return GemmProblem(a.dtype, m, n, k, batch, la_op, lb_op, lc_op, out_shape, a.device, False)
+
+
+def _check_out_shape(out: Operand, a: Operand, shape: tuple[int, ...]) -> None:
+    if out.shape != shape:
+        raise ValueError(f"out: shape {list(out.shape)} does not match the result shape {list(shape)}")
+    if out.dtype != a.dtype:
+        raise TypeError(f"out: dtype {out.dtype} does not match the inputs' dtype {a.dtype}")
+    if out.device != a.device:
+        raise ValueError(f"out is on cuda:{out.device} but the inputs are on cuda:{a.device}")
+
+
+def _check_out(out: Operand, a: Operand, shape: tuple[int, ...]) -> Layout2:
+    _check_out_shape(out, a, shape)
+    strides = _normalize(out.shape, out.strides)
+    if strides[-1] != 1 or strides[-2] < shape[-1]:
+        raise ValueError(f"out: strides {list(out.strides)} are not supported; the result must be row-major "
+                         "(last dimension contiguous), padding of the leading dimension is allowed")
+    return Layout2("n", strides[-2], strides[0] if len(out.shape) == 3 else strides[-2] * out.shape[-2])
