@@ -31,12 +31,13 @@ def _stream_handle(stream, device: int) -> int:
     return int(stream)
 
 
-def torch_gemm(bundle, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, stream):
+def torch_gemm(bundle, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, stream, kernel=None):
     key = (a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.get_device(), b.get_device(),
-           None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()))
+           None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()), kernel)
     plan = bundle._plans.get(key)
     if plan is None:
-        plan = bundle.plan(describe(a, "a"), describe(b, "b"), None if out is None else describe(out, "out"))
+        plan = bundle.plan(describe(a, "a"), describe(b, "b"), None if out is None else describe(out, "out"),
+                           kernel)
         bundle._plans[key] = plan
     if out is None:
         out = torch.empty(plan.problem.out_shape, dtype=a.dtype, device=a.device)

@@ -154,11 +154,11 @@ class Bundle:
 
     # -- planning ------------------------------------------------------------------------------
 
-    def plan(self, a: Operand, b: Operand, out: Operand | None) -> Plan:
+    def plan(self, a: Operand, b: Operand, out: Operand | None, kernel: str | None = None) -> Plan:
         problem = make_problem(a, b, out)
         if problem.empty or problem.k == 0:
             return Plan(problem, -1, "", ())
-        choice = self.choose(problem)
+        choice = self.choose(problem, kernel)
         if choice.kernel is None:
             raise NoKernelError(f"bundle {self.name} has no kernel for {problem.dtype} "
                                 f"{list(a.shape)} @ {list(b.shape)}:\n{choice}")
@@ -168,8 +168,13 @@ class Bundle:
                   problem.c.batch, problem.m, problem.n, problem.k, problem.batch, clusters, problem.device)
         return Plan(problem, k.index, k.id, static)
 
-    def choose(self, problem: GemmProblem) -> Choice:
-        return choose(self.kernels, problem, self.device(problem.device).sm_count, self._tuning)
+    def choose(self, problem: GemmProblem, kernel: str | None = None) -> Choice:
+        kernels = self.kernels
+        if kernel is not None:
+            kernels = tuple(k for k in self.kernels if k.id == kernel)
+            if not kernels:
+                raise NoKernelError(f"kernel={kernel!r}: bundle {self.name} has no such kernel")
+        return choose(kernels, problem, self.device(problem.device).sm_count, self._tuning)
 
     def explain(self, a, b, out=None) -> Choice:
         """Which kernel would run for these operands, and why each other one would not."""
@@ -179,13 +184,16 @@ class Bundle:
 
     # -- running -------------------------------------------------------------------------------
 
-    def gemm(self, a, b, out=None, *, stream=None):
-        """``a @ b`` with torch.matmul semantics, on the inputs' device and the current stream."""
+    def gemm(self, a, b, out=None, *, stream=None, kernel: str | None = None):
+        """``a @ b`` with torch.matmul semantics, on the inputs' device and the current stream.
+
+        ``kernel`` pins one kernel by id instead of letting the selector choose.
+        """
         if is_torch_tensor(a) and is_torch_tensor(b):
             from tilekiln._torch import torch_gemm
 
-            return torch_gemm(self, a, b, out, stream)
-        return self._generic_gemm(a, b, out, stream)
+            return torch_gemm(self, a, b, out, stream, kernel)
+        return self._generic_gemm(a, b, out, stream, kernel)
 
     def launch(self, plan: Plan, pa: int, pb: int, pc: int, stream: int) -> None:
         if (pa | pb | pc) & 15:
@@ -201,17 +209,17 @@ class Bundle:
         if status:
             raise LaunchError(plan.kernel_id, lib.error_name(status), lib.error_string(status))
 
-    def _generic_gemm(self, a, b, out, stream):
+    def _generic_gemm(self, a, b, out, stream, kernel):
         a_op, b_op = describe(a, "a"), describe(b, "b")
         out_op = describe(out, "out") if out is not None else None
-        plan = self.plan(a_op, b_op, out_op)
+        plan = self.plan(a_op, b_op, out_op, kernel)
         if out_op is None:
             if "torch" in sys.modules:
                 from tilekiln._torch import torch_gemm
                 import torch
 
                 return torch_gemm(self, torch.as_tensor(a, device=f"cuda:{a_op.device}"),
-                                  torch.as_tensor(b, device=f"cuda:{b_op.device}"), None, stream)
+                                  torch.as_tensor(b, device=f"cuda:{b_op.device}"), None, stream, kernel)
             raise TypeError("out: pass an output array when the inputs are not torch tensors "
                             "(tilekiln allocates results only through torch)")
         if plan.kernel_index < 0:

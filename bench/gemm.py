@@ -1,0 +1,148 @@
+"""GEMM throughput of tilekiln's own selection next to cuBLAS (torch.matmul), same run.
+
+Method (../shared/reference/gpu-method.md): every kernel is checked against a
+float64 reference before it is timed; tilekiln and torch are timed
+interleaved, shape by shape, with CUDA events after warm-up, the median of
+many launches, inputs rotated when a problem is smaller than the L2; the
+whole suite runs ``--repeats`` times and the spread is reported, since the
+H200's clocks drift under sustained load.
+
+    python3 bench/gemm.py --bundle artifacts/sm90a --json bench/results/h200-<date>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import tilekiln  # noqa: E402
+
+L2_BYTES = 60 * 2**20
+
+
+def shape_suite() -> list[tuple[int, int, int]]:
+    shapes = [(s, s, s) for s in (1024, 2048, 4096, 8192)]
+    hidden, mlp = (4096, 8192), (14336, 28672)
+    for m in (256, 2048, 8192, 16384):
+        for h in hidden:
+            shapes.append((m, 3 * h, h))      # fused QKV projection
+            shapes.append((m, h, h))          # attention output projection
+        for h, f in ((4096, 14336), (8192, 28672)):
+            shapes.append((m, f, h))          # MLP up
+            shapes.append((m, h, f))          # MLP down
+    for m in (16, 64, 128):
+        shapes.append((m, 8192, 8192))
+    return shapes
+
+
+def time_ms(fn, iters: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for i in range(iters):
+        start.record()
+        fn(i)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def operand_sets(m, n, k, dtype):
+    """Enough independent (a, b, c) sets that their total exceeds the L2 twice."""
+    one = (m * k + k * n + m * n) * torch.finfo(dtype).bits // 8
+    count = max(1, min(8, math.ceil(2 * L2_BYTES / one)))
+    sets = []
+    for _ in range(count):
+        a = torch.randn(m, k, device="cuda", dtype=dtype)
+        w = torch.randn(n, k, device="cuda", dtype=dtype)  # nn.Linear weight: b = w.t() is K-major
+        sets.append((a, w.t(), torch.empty(m, n, device="cuda", dtype=dtype)))
+    return sets
+
+
+def check(bundle, a, b) -> float:
+    out = bundle.gemm(a, b)
+    ref = torch.matmul(a.double(), b.double())
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    if not err < 1e-2 or torch.isnan(out).any():
+        raise SystemExit(f"numerics check failed for {tuple(a.shape)}x{tuple(b.shape)}: relative error {err}")
+    return err
+
+
+def run(args) -> dict:
+    bundle = tilekiln.load(args.bundle)
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[args.dtype]
+    shapes = shape_suite() if not args.quick else [(8192, 8192, 8192), (4096, 4096, 4096), (128, 8192, 8192)]
+    rows = {s: {"tilekiln": [], "torch": []} for s in shapes}
+    chosen = {}
+    for rep in range(args.repeats):
+        for (m, n, k) in shapes:
+            sets = operand_sets(m, n, k, dtype)
+            a0, b0, _ = sets[0]
+            if rep == 0:
+                chosen[(m, n, k)] = (tilekiln.explain(a0, b0, bundle=bundle).kernel.id, check(bundle, a0, b0))
+            flops = 2 * m * n * k
+            pick = lambda i: sets[i % len(sets)]  # noqa: E731
+            tk = lambda i: bundle.gemm(pick(i)[0], pick(i)[1], pick(i)[2])  # noqa: E731
+            th = lambda i: torch.matmul(pick(i)[0], pick(i)[1], out=pick(i)[2])  # noqa: E731
+            iters = max(10, min(200, int(2e13 / flops)))
+            for fn in (tk, th):
+                for i in range(3):
+                    fn(i)
+            # Interleave in short blocks so drift hits both sides alike.
+            t_tk, t_th = [], []
+            for _ in range(4):
+                t_tk.append(time_ms(tk, iters))
+                t_th.append(time_ms(th, iters))
+            rows[(m, n, k)]["tilekiln"].append(flops / statistics.median(t_tk) / 1e9)
+            rows[(m, n, k)]["torch"].append(flops / statistics.median(t_th) / 1e9)
+            r = rows[(m, n, k)]
+            print(f"rep {rep} {m:6d}x{n:6d}x{k:6d}  tilekiln {r['tilekiln'][-1]:7.1f}  torch {r['torch'][-1]:7.1f}  "
+                  f"ratio {r['tilekiln'][-1] / r['torch'][-1]:.3f}  {chosen[(m, n, k)][0]}", flush=True)
+            del sets
+    results = []
+    for (m, n, k), r in rows.items():
+        tk, th = statistics.median(r["tilekiln"]), statistics.median(r["torch"])
+        results.append({
+            "m": m, "n": n, "k": k, "dtype": args.dtype, "kernel": chosen[(m, n, k)][0],
+            "relative_error": chosen[(m, n, k)][1],
+            "tilekiln_tflops": round(tk, 1), "torch_tflops": round(th, 1), "ratio": round(tk / th, 4),
+            "tilekiln_runs": [round(x, 1) for x in r["tilekiln"]], "torch_runs": [round(x, 1) for x in r["torch"]],
+            "ratio_runs": [round(x / y, 4) for x, y in zip(r["tilekiln"], r["torch"])],
+        })
+    ratios = [x["ratio"] for x in results]
+    summary = {"geomean_ratio": round(math.exp(statistics.fmean(math.log(x) for x in ratios)), 4),
+               "min_ratio": min(ratios), "shapes": len(results)}
+    return {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "bundle": bundle.name, "bundle_version": bundle.version,
+            "repeats": args.repeats, "summary": summary, "results": results}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--bundle", default="artifacts/sm90a")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="three shapes only")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    report = run(args)
+    print(json.dumps(report["summary"]))
+    print(f"{'shape':>22s} {'tilekiln':>9s} {'torch':>9s} {'ratio':>7s}  kernel")
+    for r in report["results"]:
+        print(f"{r['m']:6d}x{r['n']:6d}x{r['k']:6d} {r['tilekiln_tflops']:9.1f} {r['torch_tflops']:9.1f} "
+              f"{r['ratio']:7.3f}  {r['kernel']}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""A two-kernel catalog builds into a verified, driver-only bundle."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.compile
+
+ALLOWED_NEEDED = {"libc.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1", "libm.so.6",
+                  # glibc's dynamic loader, listed by every glibc >= 2.34 shared object
+                  "ld-linux-x86-64.so.2"}
+
+
+def test_bundle_has_both_kernels(small_build):
+    manifest = json.loads((small_build.path / "manifest.json").read_text())
+    ids = [k["id"] for k in manifest["kernels"]]
+    assert ids == sorted(["gemm_sm90_bf16_bf16_f32_bf16_tn_128x128x64_c1x1",
+                          "gemm_sm90_bf16_bf16_f32_bf16_tn_64x128x64_c1x2"])
+    assert manifest["bundle"]["arch"] == "sm_90a" and manifest["bundle"]["name"] == "sm90a"
+    for k in manifest["kernels"]:
+        assert k["resources"]["sass"]["HGMMA"] > 0, "the WGMMA mainloop must compile to HGMMA"
+        assert not k["resources"]["spills"]
+        assert k["contract"]["stride_divisibility"] == {"a": 8, "b": 8, "c": 8}
+
+
+def test_manifest_hashes_match_files(small_build):
+    manifest = json.loads((small_build.path / "manifest.json").read_text())
+    assert manifest["files"], "the manifest lists its files"
+    for relative, digest in manifest["files"].items():
+        assert hashlib.sha256((small_build.path / relative).read_bytes()).hexdigest() == digest, relative
+    for k in manifest["kernels"]:
+        cubin = (small_build.path / k["cubin"]["file"]).read_bytes()
+        assert hashlib.sha256(cubin).hexdigest() == k["cubin"]["sha256"]
+        assert cubin[:4] == b"\x7fELF"
+
+
+def test_library_needs_only_libc_and_the_loader(small_build):
+    lib = small_build.path / "lib" / "libtilekiln_sm90a.so"
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+
+    with open(lib, "rb") as f:
+        elf = ELFFile(f)
+        needed = {t.needed for s in elf.iter_sections() if isinstance(s, DynamicSection)
+                  for t in s.iter_tags() if t.entry.d_tag == "DT_NEEDED"}
+        exported = {sym.name for s in elf.iter_sections() if s.name == ".dynsym" for sym in s.iter_symbols()
+                    if sym["st_info"]["bind"] == "STB_GLOBAL" and sym["st_shndx"] != "SHN_UNDEF"}
+    assert needed <= ALLOWED_NEEDED, needed
+    assert "libcuda.so.1" not in needed and not any("cudart" in n for n in needed)
+    assert exported and all(name.startswith("tk_") for name in exported), sorted(exported)[:10]
+
+
+def test_runtime_reads_the_bundle_without_build_dependencies(small_build):
+    """A process that cannot import the build stack (-S: no site-packages) loads the bundle."""
+    repo = Path(__file__).resolve().parents[2]
+    script = f"""
+import sys
+sys.path.insert(0, {str(repo)!r})
+import tilekiln
+b = tilekiln.load({str(small_build.path)!r})
+ids = b._library().kernel_ids()
+assert ids == [k.id for k in b.kernels], ids
+for banned in ("builder", "cutlass", "jinja2", "pydantic", "yaml", "torch"):
+    assert banned not in sys.modules, banned
+print(len(ids))
+"""
+    proc = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "2"

@@ -1,0 +1,118 @@
+"""Every kernel of the default bundle against a float64 reference on the GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [  # (batch, M, N, K); tails in every dimension, K not a multiple of the tile
+    (1, 512, 512, 256),
+    (1, 1000, 1032, 520),
+    (3, 264, 136, 72),
+    (1, 8, 8, 8),
+    (2, 129, 264, 1000),
+    (1, 4096, 4096, 4096),
+]
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def make_operands(kernel, batch, m, n, k, seed):
+    torch = _torch()
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[kernel.dtypes[0]]
+    if kernel.a_major == "k":
+        a = torch.randn(batch, m, k, device="cuda", dtype=dtype, generator=g)
+    else:
+        a = torch.randn(batch, k, m, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
+    if kernel.b_major == "n":
+        b = torch.randn(batch, k, n, device="cuda", dtype=dtype, generator=g)
+    else:
+        b = torch.randn(batch, n, k, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
+    return a, b
+
+
+def relative_error(out, a, b):
+    torch = _torch()
+    ref = torch.matmul(a.double(), b.double())
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.fixture(scope="module")
+def bundle(gpu_bundle_dir):
+    import tilekiln
+
+    return tilekiln.load(gpu_bundle_dir)
+
+
+def test_every_kernel_matches_float64_reference(bundle):
+    torch = _torch()
+    failures = []
+    for kernel in bundle.kernels:
+        for i, (batch, m, n, k) in enumerate(SHAPES):
+            a, b = make_operands(kernel, batch, m, n, k, seed=1000 * kernel.index + i)
+            out = torch.full((batch, m, n), float("nan"), device="cuda", dtype=a.dtype)
+            bundle.gemm(a, b, out, kernel=kernel.id)
+            torch.cuda.synchronize()
+            err = relative_error(out, a, b)
+            if torch.isnan(out).any() or not err < 1e-2:
+                failures.append(f"{kernel.id} {(batch, m, n, k)}: relative error {err:.3g}")
+    assert not failures, "\n".join(failures)
+
+
+def test_selected_kernels_for_torch_views(bundle):
+    """Plain torch calls: transposed views, padded leading dims, batched and broadcast batch."""
+    torch = _torch()
+    bf = torch.bfloat16
+    cases = {
+        "2d": (torch.randn(300, 520, device="cuda", dtype=bf), torch.randn(520, 264, device="cuda", dtype=bf)),
+        "a_t": (torch.randn(520, 304, device="cuda", dtype=bf).t(), torch.randn(520, 264, device="cuda", dtype=bf)),
+        "b_t": (torch.randn(300, 520, device="cuda", dtype=bf), torch.randn(264, 520, device="cuda", dtype=bf).t()),
+        "both_t": (torch.randn(520, 304, device="cuda", dtype=bf).t(), torch.randn(264, 520, device="cuda", dtype=bf).t()),
+        "padded": (torch.randn(300, 528, device="cuda", dtype=bf)[:, :520], torch.randn(520, 272, device="cuda", dtype=bf)[:, :264]),
+        "batched": (torch.randn(4, 200, 136, device="cuda", dtype=bf), torch.randn(4, 136, 72, device="cuda", dtype=bf)),
+        "broadcast_b": (torch.randn(4, 200, 136, device="cuda", dtype=bf), torch.randn(136, 72, device="cuda", dtype=bf)),
+        "broadcast_a": (torch.randn(200, 136, device="cuda", dtype=bf), torch.randn(4, 136, 72, device="cuda", dtype=bf)),
+        "fp16": (torch.randn(257, 520, device="cuda", dtype=torch.float16), torch.randn(520, 264, device="cuda", dtype=torch.float16)),
+    }
+    for name, (a, b) in cases.items():
+        out = bundle.gemm(a, b)
+        torch.cuda.synchronize()
+        assert out.shape == torch.matmul(a, b).shape, name
+        assert relative_error(out, a, b) < 1e-2, name
+
+
+def test_zero_sized_problems_follow_torch(bundle):
+    torch = _torch()
+    a = torch.randn(16, 0, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(0, 24, device="cuda", dtype=torch.bfloat16)
+    out = bundle.gemm(a, b)
+    assert out.shape == (16, 24) and bool((out == 0).all())
+    empty = bundle.gemm(torch.randn(0, 8, device="cuda", dtype=torch.bfloat16),
+                        torch.randn(8, 8, device="cuda", dtype=torch.bfloat16))
+    assert empty.shape == (0, 8)
+
+
+def test_invalid_inputs_raise_and_leave_the_device_usable(bundle):
+    torch = _torch()
+    bf = torch.bfloat16
+    a = torch.randn(64, 64, device="cuda", dtype=bf)
+    with pytest.raises(ValueError, match="stride"):
+        bundle.gemm(torch.randn(64, 63, device="cuda", dtype=bf), torch.randn(63, 64, device="cuda", dtype=bf))
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        flat = torch.randn(64 * 64 + 1, device="cuda", dtype=bf)
+        bundle.gemm(flat[1:].view(64, 64), a)
+    with pytest.raises(TypeError, match="dtype"):
+        bundle.gemm(a, a.half())
+    with pytest.raises(ValueError, match="cannot be multiplied"):
+        bundle.gemm(a, torch.randn(32, 64, device="cuda", dtype=bf))
+    with pytest.raises(ValueError, match="host memory"):
+        bundle.gemm(a.cpu(), a.cpu())
+    out = bundle.gemm(a, a)
+    torch.cuda.synchronize()
+    assert relative_error(out, a, a) < 1e-2

@@ -1,0 +1,74 @@
+"""Kernel ids round-trip, cover every field, and reject non-canonical spellings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, strategies as st
+
+from builder.config import Cluster, DTypes, KernelConfig, Layout, Raster, Schedule, Tile
+from builder.dtypes import DType
+from builder.naming import KernelIdError, format_kernel_id, parse_kernel_id
+
+configs = st.builds(
+    KernelConfig,
+    pipeline=st.sampled_from(["sm90", "sm100", "sm103", "sm107"]),
+    dtypes=st.builds(DTypes, st.sampled_from(DType), st.sampled_from(DType), st.sampled_from(DType),
+                     st.sampled_from(DType)),
+    layout=st.builds(Layout, st.booleans(), st.booleans()),
+    tile=st.builds(Tile, st.integers(1, 512), st.integers(1, 512), st.integers(1, 512)),
+    cluster=st.builds(Cluster, st.integers(1, 16), st.integers(1, 16)),
+    schedule=st.sampled_from(Schedule),
+    raster=st.sampled_from(Raster),
+    swizzle=st.integers(1, 16),
+    stages=st.one_of(st.none(), st.integers(1, 16)),
+)
+
+
+@given(configs)
+def test_parse_inverts_format(config):
+    assert parse_kernel_id(format_kernel_id(config)) == config
+
+
+def test_example_id_from_the_issue():
+    config = parse_kernel_id("gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1")
+    assert config.tile == Tile(128, 256, 64) and config.cluster == Cluster(2, 1)
+    assert config.layout.a_k_major and config.layout.b_k_major and config.stages is None
+
+
+BASE = parse_kernel_id("gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1")
+PERTURBATIONS = {
+    "pipeline": "sm100",
+    "dtypes": DTypes(DType.F16, DType.F16, DType.F32, DType.F16),
+    "layout": Layout(False, True),
+    "tile": Tile(128, 128, 64),
+    "cluster": Cluster(1, 2),
+    "schedule": Schedule.PINGPONG,
+    "raster": Raster.N,
+    "swizzle": 4,
+    "stages": 3,
+}
+
+
+def test_every_field_is_covered_by_a_perturbation():
+    assert set(PERTURBATIONS) == {f.name for f in dataclasses.fields(KernelConfig)}
+
+
+@pytest.mark.parametrize("field", sorted(PERTURBATIONS))
+def test_changing_any_field_changes_the_id(field):
+    changed = dataclasses.replace(BASE, **{field: PERTURBATIONS[field]})
+    assert format_kernel_id(changed) != format_kernel_id(BASE)
+
+
+@pytest.mark.parametrize("bad", [
+    "gemm_sm90_bf16_bf16_f32_bf16_tn_0128x256x64_c2x1",      # leading zero
+    "gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_s3_rn",  # options out of order
+    "gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_sw1",    # default spelled out
+    "gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_turbo",  # unknown option
+    "gemm_sm90_bf16_bf16_f32_bf16_xx_128x256x64_c2x1",        # bad layout
+    "gemm_sm90_bf16_bf16_f32_128x256x64_c2x1",                # missing dtype
+])
+def test_non_canonical_ids_are_rejected(bad):
+    with pytest.raises(KernelIdError):
+        parse_kernel_id(bad)
