@@ -22,6 +22,7 @@ from builder.config import Cluster, DTypes, KernelConfig, Layout, Raster, Schedu
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.dtypes import DType
 from builder.naming import format_kernel_id
+from builder.paths import display_path
 from builder.pydantic_errors import diagnostics_from_validation
 from builder.yamlsrc import YamlDocument, YamlPath, load_yaml
 
@@ -152,7 +153,7 @@ def load_catalog(catalog_dir: Path, root: Path | None = None, files: list[Path] 
     entries: list[CatalogEntry] = []
     shown: list[str] = []
     for path in paths:
-        display = _display(path, root)
+        display = display_path(path, root)
         shown.append(display)
         try:
             doc = load_yaml(path, display)
@@ -171,11 +172,11 @@ def load_catalog(catalog_dir: Path, root: Path | None = None, files: list[Path] 
 
 def _load_settings(path: Path, root: Path | None, problems: list) -> CatalogSettings | None:
     if not path.exists():
-        problems.append(Diagnostic("CATALOG-SETTINGS", "catalog.yaml is missing", Location(_display(path, root)),
+        problems.append(Diagnostic("CATALOG-SETTINGS", "catalog.yaml is missing", Location(display_path(path, root)),
                                    "create it with `version: 0.1.0` (the bundle version)"))
         return None
     try:
-        doc = load_yaml(path, _display(path, root))
+        doc = load_yaml(path, display_path(path, root))
         return CatalogSettings.model_validate(doc.data)
     except DiagnosticError as exc:
         problems.extend(exc.diagnostics)
@@ -241,11 +242,3 @@ def _make_config(pipeline: str, fields: dict[str, tuple[object, YamlPath]]) -> K
         stages=None if stages in (None, "auto") else stages,
     )
 
-
-def _display(path: Path, root: Path | None) -> str:
-    if root is not None:
-        try:
-            return str(path.resolve().relative_to(root.resolve()))
-        except ValueError:
-            pass
-    return str(path)

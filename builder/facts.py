@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.dtypes import DType
+from builder.paths import display_path
 from builder.pydantic_errors import diagnostics_from_validation
 from builder.yamlsrc import YamlDocument, load_yaml
 
@@ -185,7 +186,7 @@ def load_facts(hardware_dir: Path, root: Path | None = None) -> FactTable:
     pipelines: list[PipelineFacts] = []
     problems: list[Diagnostic] = []
     for path in sorted(hardware_dir.glob("*.yaml")):
-        display = _display(path, root)
+        display = display_path(path, root)
         try:
             doc = load_yaml(path, display)
             model = FactsFile.model_validate(doc.data)
@@ -206,15 +207,7 @@ def load_facts(hardware_dir: Path, root: Path | None = None) -> FactTable:
         raise DiagnosticError(problems)
     if not pipelines:
         raise DiagnosticError([Diagnostic("FACTS-NONE", "no hardware fact files found",
-                                          Location(_display(hardware_dir, root)),
+                                          Location(display_path(hardware_dir, root)),
                                           "add catalog/hardware/<pipeline>.yaml")])
     return FactTable(tuple(pipelines))
 
-
-def _display(path: Path, root: Path | None) -> str:
-    if root is not None:
-        try:
-            return str(path.resolve().relative_to(root.resolve()))
-        except ValueError:
-            pass
-    return str(path)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from builder.catalog import DTypesModel, LayoutCode
 from builder.config import KernelConfig, Schedule
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
+from builder.paths import display_path
 from builder.pydantic_errors import diagnostics_from_validation
 from builder.yamlsrc import load_yaml
 
@@ -89,7 +90,7 @@ def load_templates(directory: Path, display_root: Path | None = None) -> Templat
     found: list[Template] = []
     problems: list[Diagnostic] = []
     for manifest_path in sorted(directory.glob("*.yaml")):
-        display = str(manifest_path.relative_to(display_root)) if display_root else str(manifest_path)
+        display = display_path(manifest_path, display_root)
         doc = load_yaml(manifest_path, display)
         try:
             manifest = TemplateManifest.model_validate(doc.data)
