@@ -47,3 +47,54 @@ def torch_gemm(bundle, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | Non
         return out
     bundle.launch(plan, a.data_ptr(), b.data_ptr(), out.data_ptr(), _stream_handle(stream, plan.problem.device))
     return out
+
+
+def result_shape(a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...]:
+    m, n = a.shape[-2], b.shape[-1]
+    if a.dim() == 2 and b.dim() == 2:
+        return (m, n)
+    batch = max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1)
+    return (batch, m, n)
+
+
+# torch.library operators, so torch.compile records one node per GEMM (with a
+# shape-only fake implementation for tracing) instead of tracing into ctypes.
+@torch.library.custom_op("tilekiln::gemm", mutates_args=())
+def gemm_op(a: torch.Tensor, b: torch.Tensor, bundle_dir: str) -> torch.Tensor:
+    from pathlib import Path
+
+    from tilekiln.discovery import open_bundle
+
+    return torch_gemm(open_bundle(Path(bundle_dir)), a, b, None, None)
+
+
+@gemm_op.register_fake
+def _gemm_fake(a: torch.Tensor, b: torch.Tensor, bundle_dir: str) -> torch.Tensor:
+    return a.new_empty(result_shape(a, b))
+
+
+@torch.library.custom_op("tilekiln::gemm_out", mutates_args=("out",))
+def gemm_out_op(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bundle_dir: str) -> None:
+    from pathlib import Path
+
+    from tilekiln.discovery import open_bundle
+
+    torch_gemm(open_bundle(Path(bundle_dir)), a, b, out, None)
+
+
+@gemm_out_op.register_fake
+def _gemm_out_fake(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bundle_dir: str) -> None:
+    return None
+
+
+def compiled_gemm(bundle, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None):
+    """The path taken while torch.compile traces: call the registered operator."""
+    directory = str(bundle.directory)
+    if out is None:
+        return gemm_op(a, b, directory)
+    gemm_out_op(a, b, out, directory)
+    return out
+
+
+def is_compiling() -> bool:
+    return torch.compiler.is_compiling()

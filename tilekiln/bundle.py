@@ -190,9 +190,11 @@ class Bundle:
         ``kernel`` pins one kernel by id instead of letting the selector choose.
         """
         if is_torch_tensor(a) and is_torch_tensor(b):
-            from tilekiln._torch import torch_gemm
+            from tilekiln import _torch
 
-            return torch_gemm(self, a, b, out, stream, kernel)
+            if _torch.is_compiling() and kernel is None and stream is None:
+                return _torch.compiled_gemm(self, a, b, out)
+            return _torch.torch_gemm(self, a, b, out, stream, kernel)
         return self._generic_gemm(a, b, out, stream, kernel)
 
     def launch(self, plan: Plan, pa: int, pb: int, pc: int, stream: int) -> None:

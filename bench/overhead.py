@@ -1,0 +1,83 @@
+"""Host time per GEMM call on a tiny problem: tilekiln next to torch.matmul, same run.
+
+A tiny problem (64x64x64) keeps the GPU far ahead of the host, so the time
+per call is the host's: argument checks, kernel selection (cached after the
+first call), and the launch. Calls are issued in blocks of 256, shorter than
+the launch queue, so the host never waits for the GPU inside a block; the
+median over blocks is reported. Both sides are timed alternately, with and
+without a preallocated output.
+
+    python3 bench/overhead.py --bundle artifacts/sm90a --json bench/results/overhead-h200-<date>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import tilekiln  # noqa: E402
+
+BLOCK = 256
+
+
+def per_call_us(fn, blocks: int) -> list[float]:
+    out = []
+    for _ in range(blocks):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(BLOCK):
+            fn()
+        out.append((time.perf_counter() - start) / BLOCK * 1e6)
+    torch.cuda.synchronize()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--bundle", default="artifacts/sm90a")
+    p.add_argument("--size", type=int, default=64)
+    p.add_argument("--blocks", type=int, default=40)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    bundle = tilekiln.load(args.bundle)
+    s = args.size
+    a = torch.randn(s, s, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(s, s, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty(s, s, device="cuda", dtype=torch.bfloat16)
+    cases = {
+        "tilekiln.gemm(a, b, out)": lambda: bundle.gemm(a, w, c),
+        "torch.matmul(a, b, out=)": lambda: torch.matmul(a, w, out=c),
+        "tilekiln.gemm(a, b)": lambda: bundle.gemm(a, w),
+        "torch.matmul(a, b)": lambda: torch.matmul(a, w),
+    }
+    for fn in cases.values():
+        for _ in range(500):
+            fn()
+    samples = {name: [] for name in cases}
+    for _ in range(4):  # alternate so clock and allocator state drift evenly
+        for name, fn in cases.items():
+            samples[name] += per_call_us(fn, args.blocks // 4)
+    result = {name: {"median_us": round(statistics.median(v), 3), "min_us": round(min(v), 3),
+                     "max_us": round(max(v), 3)} for name, v in samples.items()}
+    ref = torch.matmul(a.double(), w.double())
+    err = ((bundle.gemm(a, w).double() - ref).norm() / ref.norm()).item()
+    report = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
+              "torch": torch.__version__, "problem": [s, s, s], "block": BLOCK, "relative_error": err,
+              "kernel": tilekiln.explain(a, w, bundle=bundle).kernel.id, "results": result}
+    for name, r in result.items():
+        print(f"{name:28s} median {r['median_us']:7.2f} us  (min {r['min_us']:.2f}, max {r['max_us']:.2f})")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""Runtime behaviour on the GPU: fuzzed calls, errors, threads, CUDA graphs, torch.compile."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+FUZZ_CALLS = 1000
+
+
+@pytest.fixture(scope="module")
+def torch():
+    import torch
+
+    return torch
+
+
+@pytest.fixture(scope="module")
+def bundle(gpu_bundle_dir):
+    import tilekiln
+
+    return tilekiln.load(gpu_bundle_dir)
+
+
+def _operand(torch, rows, cols, dtype, transposed, batch, gen, extra):
+    """A (batch,) rows x cols operand; transposed views and padded leading dims (multiples of 8)."""
+    inner, outer = (rows, cols) if transposed else (cols, rows)
+    lead = (inner + 7) // 8 * 8 + 8 * extra
+    shape = ((batch,) if batch else ()) + (outer, lead)
+    t = torch.randn(shape, device="cuda", dtype=dtype, generator=gen)[..., :inner]
+    return t.transpose(-1, -2) if transposed else t
+
+
+def random_call(torch, rng, gen):
+    dtype = rng.choice([torch.bfloat16, torch.float16])
+    m, n, k = rng.randint(1, 640), rng.randint(1, 640), rng.randint(1, 640)
+    batch_kind = rng.choice(["none", "none", "both", "a", "b"])
+    batch = rng.randint(2, 4)
+    ba = batch if batch_kind in ("both", "a") else None
+    bb = batch if batch_kind in ("both", "b") else None
+    a = _operand(torch, m, k, dtype, rng.random() < 0.3, ba, gen, rng.randint(0, 2))
+    b = _operand(torch, k, n, dtype, rng.random() < 0.3, bb, gen, rng.randint(0, 2))
+    out = None
+    if n % 8 or rng.random() < 0.3:
+        batch_shape = (batch,) if batch_kind != "none" else ()
+        full = torch.full(batch_shape + (m, (n + 7) // 8 * 8), float("nan"), device="cuda", dtype=dtype)
+        out = full[..., :n]
+    return a, b, out
+
+
+def test_fuzz_against_float64_reference(bundle, torch):
+    rng = random.Random(20261202)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    failures, calls = [], 0
+    for i in range(FUZZ_CALLS):
+        a, b, out = random_call(torch, rng, gen)
+        result = bundle.gemm(a, b, out)
+        ref = torch.matmul(a.double(), b.double())
+        err = ((result.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+        calls += 1
+        if not err < 1e-2 or torch.isnan(result).any():
+            failures.append(f"call {i}: a {tuple(a.shape)} {a.stride()} b {tuple(b.shape)} {b.stride()} "
+                            f"{a.dtype}: relative error {err:.3g}")
+    torch.cuda.synchronize()
+    print(f"fuzz: {calls} calls, {len(failures)} failures")
+    assert calls == FUZZ_CALLS and not failures, "\n".join(failures[:20])
+
+
+def test_documented_errors_leave_the_device_usable(bundle, torch):
+    import tilekiln
+
+    bf = torch.bfloat16
+    a = torch.randn(64, 64, device="cuda", dtype=bf)
+    bad = [
+        (lambda: bundle.gemm(torch.randn(64, 12, device="cuda", dtype=bf), torch.randn(12, 64, device="cuda", dtype=bf)),
+         ValueError, "multiple of 8"),
+        (lambda: bundle.gemm(a.float(), a.float()), tilekiln.NoKernelError, "dtype"),
+        (lambda: bundle.gemm(a, a.half()), TypeError, "same dtype"),
+        (lambda: bundle.gemm(a, torch.randn(32, 64, device="cuda", dtype=bf)), ValueError, "cannot be multiplied"),
+        (lambda: bundle.gemm(a.cpu(), a.cpu()), ValueError, "host memory"),
+        (lambda: bundle.gemm(a[:, ::2], a[:32]), ValueError, "strides"),
+        (lambda: bundle.gemm(a, a, torch.empty(64, 32, device="cuda", dtype=bf)), ValueError, "out: shape"),
+        (lambda: bundle.gemm(a, a, torch.empty(64, 64, device="cuda", dtype=bf).t()), ValueError, "row-major"),
+        (lambda: bundle.gemm(torch.randn(2, 2, 64, 64, device="cuda", dtype=bf), a), ValueError, "2-D or 3-D"),
+        (lambda: bundle.gemm(torch.randn(3, 64, 64, device="cuda", dtype=bf), torch.randn(2, 64, 64, device="cuda", dtype=bf)),
+         ValueError, "broadcast"),
+        (lambda: bundle.gemm(torch.randn(64 * 64 + 4, device="cuda", dtype=bf)[4:].view(64, 64), a), ValueError, "16-byte"),
+        (lambda: bundle.gemm(a, a, kernel="gemm_sm90_nope"), tilekiln.NoKernelError, "no such kernel"),
+    ]
+    for call, exc, text in bad:
+        with pytest.raises(exc, match=text):
+            call()
+    out = bundle.gemm(a, a)
+    torch.cuda.synchronize()
+    assert torch.allclose(out.float(), (a.float() @ a.float()), rtol=2e-2, atol=2e-1)
+
+
+def test_eight_threads_launch_concurrently(bundle, torch):
+    errors = []
+
+    def worker(seed):
+        try:
+            gen = torch.Generator(device="cuda").manual_seed(seed)
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                for i in range(40):
+                    m, n, k = 128 + 8 * (seed + i % 5), 256, 192 + 8 * i
+                    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+                    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=gen)
+                    out = bundle.gemm(a, b)
+                    ref = a.double() @ b.double()
+                    err = ((out.double() - ref).norm() / ref.norm()).item()
+                    if not err < 1e-2:
+                        errors.append((seed, i, err))
+            stream.synchronize()
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append((seed, repr(exc)))
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_cuda_graph_capture_and_replay(bundle, torch):
+    a = torch.randn(512, 384, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(384, 256, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(512, 256, device="cuda", dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        bundle.gemm(a, b, out)  # warm-up: plan, load the kernel outside capture
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        bundle.gemm(a, b, out)
+    for _ in range(3):
+        a.copy_(torch.randn_like(a))
+        b.copy_(torch.randn_like(b))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = a.double() @ b.double()
+        assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_torch_compile_of_a_function_calling_gemm(bundle, torch):
+    import tilekiln
+
+    def mlp(x, w1, w2):
+        h = torch.relu(tilekiln.gemm(x, w1, bundle=bundle))
+        return tilekiln.gemm(h, w2, bundle=bundle) * 0.5
+
+    x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    w1 = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16) / 16
+    w2 = torch.randn(1024, 256, device="cuda", dtype=torch.bfloat16) / 16
+    compiled = torch.compile(mlp, fullgraph=True)
+    got = compiled(x, w1, w2)
+    ref = (torch.relu(x.double() @ w1.double()) @ w2.double()) * 0.5
+    assert ((got.double() - ref).norm() / ref.norm()).item() < 2e-2
+
+
+def test_explain_names_the_choice_and_the_rejections(bundle, torch):
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    choice = bundle.explain(a, w.t())
+    text = str(choice)
+    print(text)
+    assert choice.kernel is not None and choice.kernel.id in text
+    assert "reject" in text and "layout" in text
