@@ -1,0 +1,152 @@
+"""Runtime logic without a GPU: problem mapping, input errors, selection, explain, imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tilekiln._tensors import Operand
+from tilekiln.errors import NoKernelError
+from tilekiln.manifest import Contract, KernelInfo
+from tilekiln.problem import make_problem
+from tilekiln.select import check_kernel, choose, estimate, shape_bucket
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def op(name, shape, strides=None, dtype="bf16", ptr=0x10000, device=0):
+    if strides is None:
+        strides, acc = [], 1
+        for s in reversed(shape):
+            strides.append(acc)
+            acc *= s
+        strides = tuple(reversed(strides))
+    return Operand(name, tuple(shape), tuple(strides), dtype, ptr, device, None)
+
+
+def kernel(index, tile, cluster=(1, 1), a="k", b="k", dtype="bf16", div=8):
+    return KernelInfo(index, f"k{index}_{a}{b}_{tile[0]}x{tile[1]}_c{cluster[0]}x{cluster[1]}",
+                      (dtype, dtype, "f32", dtype), a, b, tile, cluster, "cooperative", 4,
+                      Contract(16, (div, div, div), 2**31 - 1), 168, 200000, 24000, "compile-verified")
+
+
+# -- problem mapping ----------------------------------------------------------------------------
+
+def test_row_major_times_transposed_weight_is_tn():
+    p = make_problem(op("a", (300, 520)), op("b", (520, 264), (1, 520)), None)
+    assert (p.m, p.n, p.k, p.batch) == (300, 264, 520, 1)
+    assert (p.a.major, p.a.lead) == ("k", 520) and (p.b.major, p.b.lead) == ("k", 520)
+    assert p.out_shape == (300, 264)
+
+
+def test_transposed_a_and_padded_leading_dims():
+    p = make_problem(op("a", (300, 520), (1, 304)), op("b", (520, 264), (272, 1)), None)
+    assert (p.a.major, p.a.lead) == ("m", 304) and (p.b.major, p.b.lead) == ("n", 272)
+
+
+def test_batched_broadcast_b_folds_into_one_gemm():
+    p = make_problem(op("a", (4, 200, 136)), op("b", (136, 72)), None)
+    assert p.fold_batch and (p.m, p.batch) == (800, 1) and p.out_shape == (4, 200, 72)
+
+
+def test_broadcast_a_keeps_the_batch_with_a_zero_stride():
+    p = make_problem(op("a", (200, 136)), op("b", (4, 136, 72)), None)
+    assert not p.fold_batch and p.batch == 4 and p.a.batch == 0 and p.b.batch == 136 * 72
+
+
+def test_zero_k_needs_no_layout():
+    p = make_problem(op("a", (16, 0)), op("b", (0, 24)), None)
+    assert p.k == 0 and p.out_shape == (16, 24)
+
+
+@pytest.mark.parametrize("a, b, out, exc, text", [
+    (op("a", (4, 4, 4, 4)), op("b", (4, 4)), None, ValueError, "2-D or 3-D"),
+    (op("a", (8, 8)), op("b", (8, 8), dtype="f16"), None, TypeError, "same dtype"),
+    (op("a", (8, 8), device=-1), op("b", (8, 8)), None, ValueError, "host memory"),
+    (op("a", (8, 8)), op("b", (8, 8), device=1), None, ValueError, "same device"),
+    (op("a", (8, 16)), op("b", (8, 8)), None, ValueError, "cannot be multiplied"),
+    (op("a", (3, 8, 8)), op("b", (2, 8, 8)), None, ValueError, "broadcast"),
+    (op("a", (8, 8), (16, 2)), op("b", (8, 8)), None, ValueError, "contiguous"),
+    (op("a", (8, 8)), op("b", (8, 8)), op("out", (8, 4)), ValueError, "out: shape"),
+    (op("a", (8, 8)), op("b", (8, 8)), op("out", (8, 8), dtype="f16"), TypeError, "out: dtype"),
+    (op("a", (8, 8)), op("b", (8, 8)), op("out", (8, 8), (1, 8)), ValueError, "row-major"),
+    (op("a", (2**31, 8)), op("b", (8, 8)), None, ValueError, "32-bit index range"),
+])
+def test_input_errors_name_argument_and_requirement(a, b, out, exc, text):
+    with pytest.raises(exc, match=text):
+        make_problem(a, b, out)
+
+
+# -- selection ------------------------------------------------------------------------------------
+
+KERNELS = (
+    kernel(0, (128, 256, 64)), kernel(1, (128, 256, 64), (2, 1)), kernel(2, (128, 128, 64)),
+    kernel(3, (64, 128, 64)), kernel(4, (128, 128, 64), a="m"), kernel(5, (128, 128, 64), dtype="f16"),
+)
+
+
+def tn(m, n, k, batch=None):
+    a_shape = (batch, m, k) if batch else (m, k)
+    return make_problem(op("a", a_shape), op("b", (k, n), (1, k)), None)
+
+
+def test_contract_rejections_say_why():
+    p = tn(512, 512, 512)
+    assert "dtype" in check_kernel(KERNELS[5], p)
+    assert "layout" in check_kernel(KERNELS[4], p)
+    odd = make_problem(op("a", (512, 100)), op("b", (100, 512), (1, 100)), None)
+    assert "alignment" in check_kernel(KERNELS[0], odd) and "multiple of 8" in check_kernel(KERNELS[0], odd)
+    assert check_kernel(KERNELS[0], p) is None
+
+
+def test_large_square_prefers_the_largest_multicast_tile():
+    choice = choose(KERNELS, tn(8192, 8192, 8192), sm_count=132, tuning={})
+    assert choice.kernel.id == KERNELS[1].id and choice.how == "model"
+
+
+def test_wave_quantisation_prefers_smaller_tiles_for_skinny_problems():
+    # 128 x 2048: 8 tiles of 128x256 leave 124 of 132 SMs idle; 64x128 tiles make 32.
+    choice = choose(KERNELS, tn(128, 2048, 8192), sm_count=132, tuning={})
+    assert choice.kernel.tile[1] < 256
+    assert estimate(KERNELS[3], tn(128, 2048, 8192), 132) < estimate(KERNELS[0], tn(128, 2048, 8192), 132)
+
+
+def test_sm_count_changes_wave_count():
+    p = tn(2048, 2048, 4096)
+    assert estimate(KERNELS[2], p, 132) != estimate(KERNELS[2], p, 66)
+
+
+def test_tuning_table_overrides_the_model_when_the_kernel_fits():
+    p = tn(8192, 8192, 8192)
+    bucket = shape_bucket(p, "tn")
+    assert choose(KERNELS, p, 132, {bucket: KERNELS[3].id}).kernel.id == KERNELS[3].id
+    # a tuned kernel whose contract does not fit is ignored
+    assert choose(KERNELS, p, 132, {bucket: KERNELS[4].id}).kernel.id == KERNELS[1].id
+
+
+def test_explain_lists_choice_and_rejections():
+    text = str(choose(KERNELS, tn(1024, 1024, 1024), 132, {}))
+    assert text.startswith("chosen: ")
+    assert text.count("reject") == 2 and "layout" in text and "dtype" in text
+
+
+def test_no_kernel_lists_every_rejection(tmp_path):
+    choice = choose(KERNELS[4:5], tn(64, 64, 64), 132, {})
+    assert choice.kernel is None and "layout" in str(choice)
+    assert issubclass(NoKernelError, ValueError)
+
+
+# -- zero JIT ------------------------------------------------------------------------------------
+
+def test_runtime_imports_without_build_dependencies():
+    """-S drops site-packages: cutlass, jinja2, pydantic and yaml cannot be imported at all."""
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import tilekiln, tilekiln.bundle, "
+            "tilekiln.select, tilekiln.problem, tilekiln.manifest, tilekiln.discovery; "
+            "banned = [m for m in ('builder', 'cutlass', 'jinja2', 'pydantic', 'yaml', 'torch') if m in sys.modules]; "
+            "print(banned)")
+    proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
