@@ -55,21 +55,42 @@ def time_ms(fn, iters: int) -> float:
     return statistics.median(times)
 
 
+FP8 = torch.float8_e4m3fn
+SCALE_A, SCALE_B = 0.5, 0.25
+
+
 def operand_sets(m, n, k, dtype):
     """Enough independent (a, b, c) sets that their total exceeds the L2 twice."""
-    one = (m * k + k * n + m * n) * torch.finfo(dtype).bits // 8
+    in_bits = torch.finfo(dtype).bits
+    one = (m * k + k * n) * in_bits // 8 + m * n * 2
     count = max(1, min(8, math.ceil(2 * L2_BYTES / one)))
+    out_dtype = torch.bfloat16 if dtype == FP8 else dtype
     sets = []
     for _ in range(count):
-        a = torch.randn(m, k, device="cuda", dtype=dtype)
-        w = torch.randn(n, k, device="cuda", dtype=dtype)  # nn.Linear weight: b = w.t() is K-major
-        sets.append((a, w.t(), torch.empty(m, n, device="cuda", dtype=dtype)))
+        a = torch.randn(m, k, device="cuda").to(dtype)
+        w = torch.randn(n, k, device="cuda").to(dtype)  # nn.Linear weight: b = w.t() is K-major
+        sets.append((a, w.t(), torch.empty(m, n, device="cuda", dtype=out_dtype)))
     return sets
 
 
-def check(bundle, a, b) -> float:
-    out = bundle.gemm(a, b)
-    ref = torch.matmul(a.double(), b.double())
+def tilekiln_call(bundle, a, b, c, scales):
+    if scales is None:
+        return bundle.gemm(a, b, c)
+    return bundle.scaled_gemm(a, b, *scales, out=c)
+
+
+def torch_call(a, b, c, scales):
+    if scales is None:
+        return torch.matmul(a, b, out=c)
+    # fast accumulation on both sides: tilekiln's fp8 kernels accumulate in the
+    # WGMMA's fp32 accumulators without periodic promotion.
+    return torch._scaled_mm(a, b, scale_a=scales[0], scale_b=scales[1], out_dtype=torch.bfloat16,
+                            use_fast_accum=True)
+
+
+def check(bundle, a, b, scales) -> float:
+    out = tilekiln_call(bundle, a, b, None, scales)
+    ref = torch.matmul(a.double(), b.double()) * (1.0 if scales is None else SCALE_A * SCALE_B)
     err = ((out.double() - ref).norm() / ref.norm()).item()
     if not err < 1e-2 or torch.isnan(out).any():
         raise SystemExit(f"numerics check failed for {tuple(a.shape)}x{tuple(b.shape)}: relative error {err}")
@@ -78,7 +99,10 @@ def check(bundle, a, b) -> float:
 
 def run(args) -> dict:
     bundle = tilekiln.load(args.bundle)
-    dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[args.dtype]
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "e4m3": FP8}[args.dtype]
+    scales = None
+    if dtype == FP8:
+        scales = (torch.tensor([SCALE_A], device="cuda"), torch.tensor([SCALE_B], device="cuda"))
     shapes = shape_suite() if not args.quick else [(8192, 8192, 8192), (4096, 4096, 4096), (128, 8192, 8192)]
     rows = {s: {"tilekiln": [], "torch": []} for s in shapes}
     chosen = {}
@@ -87,11 +111,12 @@ def run(args) -> dict:
             sets = operand_sets(m, n, k, dtype)
             a0, b0, _ = sets[0]
             if rep == 0:
-                chosen[(m, n, k)] = (tilekiln.explain(a0, b0, bundle=bundle).kernel.id, check(bundle, a0, b0))
+                explained = bundle.explain(a0, b0, out_dtype=None if scales is None else "bf16")
+                chosen[(m, n, k)] = (explained.kernel.id, check(bundle, a0, b0, scales))
             flops = 2 * m * n * k
             pick = lambda i: sets[i % len(sets)]  # noqa: E731
-            tk = lambda i: bundle.gemm(pick(i)[0], pick(i)[1], pick(i)[2])  # noqa: E731
-            th = lambda i: torch.matmul(pick(i)[0], pick(i)[1], out=pick(i)[2])  # noqa: E731
+            tk = lambda i: tilekiln_call(bundle, *pick(i), scales)  # noqa: E731
+            th = lambda i: torch_call(*pick(i), scales)  # noqa: E731
             iters = max(10, min(200, int(2e13 / flops)))
             for fn in (tk, th):
                 for i in range(3):
@@ -128,7 +153,7 @@ def run(args) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bundle", default="artifacts/sm90a")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "e4m3"])
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="three shapes only")
     p.add_argument("--json", type=Path, default=None)

@@ -66,6 +66,8 @@ def template_context(ctx: KernelContext) -> dict[str, object]:
         "a_stride_div": plan.stride_divisibility[0],
         "b_stride_div": plan.stride_divisibility[1],
         "c_stride_div": plan.stride_divisibility[2],
+        # 8-bit float inputs carry per-tensor scales, applied in the epilogue.
+        "scaled": cfg.dtypes.a.value in ("e4m3", "e5m2"),
     }
 
 

@@ -19,7 +19,7 @@ from tilekiln.errors import (BundleCompatibilityError, BundleError, BundleIntegr
                              NoKernelError, TilekilnError)
 
 __version__ = "0.1.0"
-__all__ = ["load", "bundles", "gemm", "explain", "Bundle", "TilekilnError", "BundleError",
+__all__ = ["load", "bundles", "gemm", "scaled_gemm", "explain", "Bundle", "TilekilnError", "BundleError",
            "BundleIntegrityError", "BundleCompatibilityError", "NoKernelError", "LaunchError"]
 
 
@@ -97,6 +97,15 @@ def gemm(a, b, *, out=None, bundle=None, stream=None):
     elif not hasattr(bundle, "gemm"):
         bundle = load(bundle)
     return bundle.gemm(a, b, out, stream=stream)
+
+
+def scaled_gemm(a, b, scale_a, scale_b, *, out_dtype=None, out=None, bundle=None, stream=None):
+    """fp8 ``(a @ b) * scale_a * scale_b`` with bf16 output by default (``torch._scaled_mm`` semantics)."""
+    if bundle is None:
+        bundle = _default_bundle(_device_of(a))
+    elif not hasattr(bundle, "gemm"):
+        bundle = load(bundle)
+    return bundle.scaled_gemm(a, b, scale_a, scale_b, out_dtype=out_dtype, out=out, stream=stream)
 
 
 def explain(a, b, *, out=None, bundle=None):

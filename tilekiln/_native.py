@@ -13,9 +13,9 @@ import struct
 import threading
 from pathlib import Path
 
-# tk_args_t in templates/link/glue.c.j2: a, b, c, stream; a/b/c strides (2 each);
-# m, n, k, l; resident clusters; device ordinal.
-ARGS = struct.Struct("<4Q6q6i")
+# tk_args_t in templates/link/glue.c.j2: a, b, c, scale_a, scale_b, stream;
+# a/b/c strides (2 each); m, n, k, l; resident clusters; device ordinal.
+ARGS = struct.Struct("<6Q6q6i")
 
 # cudaDeviceAttr values (driver_types.h).
 ATTR_MULTIPROCESSOR_COUNT = 16

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from tilekiln._tensors import describe
+from tilekiln._tensors import describe, torch_dtype_token
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
@@ -29,6 +29,40 @@ def _stream_handle(stream, device: int) -> int:
     if isinstance(stream, torch.cuda.Stream):
         return stream.cuda_stream
     return int(stream)
+
+
+_SCALE_ERROR = ("{name}: expected a one-element float32 CUDA tensor on the inputs' device "
+                "(a per-tensor scale, as torch._scaled_mm takes), got {what}")
+
+
+def _check_scale(name: str, scale, device: int) -> None:
+    if not isinstance(scale, torch.Tensor):
+        raise TypeError(_SCALE_ERROR.format(name=name, what=type(scale).__name__))
+    if scale.dtype != torch.float32 or scale.numel() != 1 or scale.get_device() != device:
+        raise ValueError(_SCALE_ERROR.format(
+            name=name, what=f"{scale.dtype} with {scale.numel()} elements on {scale.device}"))
+
+
+def torch_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream, kernel):
+    out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+    key = ("scaled", a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.get_device(), b.get_device(),
+           None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()), kernel, out_dtype)
+    plan = bundle._plans.get(key)
+    if plan is None:
+        plan = bundle.plan(describe(a, "a"), describe(b, "b"), None if out is None else describe(out, "out"),
+                           kernel, torch_dtype_token(out_dtype))
+        for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
+            _check_scale(name, scale, plan.problem.device)
+        bundle._plans[key] = plan
+    if out is None:
+        out = torch.empty(plan.problem.out_shape, dtype=out_dtype, device=a.device)
+    if plan.kernel_index < 0:
+        if plan.problem.k == 0:
+            out.zero_()
+        return out
+    bundle.launch(plan, a.data_ptr(), b.data_ptr(), out.data_ptr(), _stream_handle(stream, plan.problem.device),
+                  scale_a.data_ptr(), scale_b.data_ptr())
+    return out
 
 
 def torch_gemm(bundle, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, stream, kernel=None):

@@ -154,8 +154,9 @@ class Bundle:
 
     # -- planning ------------------------------------------------------------------------------
 
-    def plan(self, a: Operand, b: Operand, out: Operand | None, kernel: str | None = None) -> Plan:
-        problem = make_problem(a, b, out)
+    def plan(self, a: Operand, b: Operand, out: Operand | None, kernel: str | None = None,
+             out_dtype: str | None = None) -> Plan:
+        problem = make_problem(a, b, out, out_dtype)
         if problem.empty or problem.k == 0:
             return Plan(problem, -1, "", ())
         choice = self.choose(problem, kernel)
@@ -176,10 +177,13 @@ class Bundle:
                 raise NoKernelError(f"kernel={kernel!r}: bundle {self.name} has no such kernel")
         return choose(kernels, problem, self.device(problem.device).sm_count, self._tuning)
 
-    def explain(self, a, b, out=None) -> Choice:
-        """Which kernel would run for these operands, and why each other one would not."""
+    def explain(self, a, b, out=None, out_dtype: str | None = None) -> Choice:
+        """Which kernel would run for these operands, and why each other one would not.
+
+        ``out_dtype`` (a dtype token such as ``"bf16"``) explains a scaled fp8 GEMM.
+        """
         a_op, b_op = describe(a, "a"), describe(b, "b")
-        problem = make_problem(a_op, b_op, describe(out, "out") if out is not None else None)
+        problem = make_problem(a_op, b_op, describe(out, "out") if out is not None else None, out_dtype)
         return self.choose(problem)
 
     # -- running -------------------------------------------------------------------------------
@@ -197,7 +201,21 @@ class Bundle:
             return _torch.torch_gemm(self, a, b, out, stream, kernel)
         return self._generic_gemm(a, b, out, stream, kernel)
 
-    def launch(self, plan: Plan, pa: int, pb: int, pc: int, stream: int) -> None:
+    def scaled_gemm(self, a, b, scale_a, scale_b, *, out_dtype=None, out=None, stream=None,
+                    kernel: str | None = None):
+        """``(a @ b) * scale_a * scale_b`` for fp8 inputs, like ``torch._scaled_mm``.
+
+        ``scale_a``/``scale_b`` are one-element float32 tensors on the inputs'
+        device (per-tensor scales); ``out_dtype`` defaults to bfloat16.
+        """
+        from tilekiln import _torch
+
+        if not (is_torch_tensor(a) and is_torch_tensor(b)):
+            raise TypeError("scaled_gemm takes torch tensors")
+        return _torch.torch_scaled_gemm(self, a, b, scale_a, scale_b, out_dtype, out, stream, kernel)
+
+    def launch(self, plan: Plan, pa: int, pb: int, pc: int, stream: int, scale_a: int = 0,
+               scale_b: int = 0) -> None:
         if (pa | pb | pc) & 15:
             for name, p in (("a", pa), ("b", pb), ("out", pc)):
                 if p & 15:
@@ -206,7 +224,7 @@ class Bundle:
         self._ensure_ready(plan.kernel_index, plan.problem.device)
         lib = self._lib
         buf = lib.args_buffer()
-        _native.ARGS.pack_into(buf, 0, pa, pb, pc, stream, *plan.static_args)
+        _native.ARGS.pack_into(buf, 0, pa, pb, pc, scale_a, scale_b, stream, *plan.static_args)
         status = lib.launch(plan.kernel_index, buf)
         if status:
             raise LaunchError(plan.kernel_id, lib.error_name(status), lib.error_string(status))

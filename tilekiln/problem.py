@@ -29,7 +29,9 @@ class Layout2:
 
 @dataclass(frozen=True)
 class GemmProblem:
-    dtype: str
+    a_dtype: str
+    b_dtype: str
+    out_dtype: str
     m: int
     n: int
     k: int
@@ -40,6 +42,11 @@ class GemmProblem:
     out_shape: tuple[int, ...]
     device: int
     fold_batch: bool  # a 3-D A times a 2-D B computed as one (L*M) x K GEMM
+
+    @property
+    def dtype(self) -> str:
+        """``a/b->out`` spelling used in messages and the tuning-table key."""
+        return f"{self.a_dtype}/{self.b_dtype}->{self.out_dtype}"
 
     @property
     def empty(self) -> bool:
@@ -80,11 +87,22 @@ def _matrix_layout(op: Operand, rows: int, cols: int, row_major: str, col_major:
                      "is fine but a strided slice of both is not; call .contiguous() first")
 
 
-def make_problem(a: Operand, b: Operand, out: Operand | None) -> GemmProblem:
+SCALED_INPUTS = ("e4m3", "e5m2")
+
+
+def make_problem(a: Operand, b: Operand, out: Operand | None, out_dtype: str | None = None) -> GemmProblem:
+    """``out_dtype`` None: torch.matmul (same dtype in and out); else a scaled fp8 GEMM."""
     _check_rank(a)
     _check_rank(b)
-    if a.dtype != b.dtype:
-        raise TypeError(f"a and b must have the same dtype, got a {a.dtype} and b {b.dtype}")
+    if out_dtype is None:
+        if a.dtype != b.dtype:
+            raise TypeError(f"a and b must have the same dtype, got a {a.dtype} and b {b.dtype}")
+        out_dtype = a.dtype
+    else:
+        for x in (a, b):
+            if x.dtype not in SCALED_INPUTS:
+                raise TypeError(f"{x.name}: scaled GEMMs take 8-bit float inputs ({', '.join(SCALED_INPUTS)}), "
+                                f"got {x.dtype}")
     if a.device < 0 or b.device < 0:
         which = "a" if a.device < 0 else "b"
         raise ValueError(f"{which}: tensor is in host memory; tilekiln runs on CUDA devices, move it with .cuda()")
@@ -108,22 +126,23 @@ def make_problem(a: Operand, b: Operand, out: Operand | None) -> GemmProblem:
     if 0 in (m, n, k, batch):
         # Nothing to load: the result is empty, or all zeros when only K is 0.
         if out is not None:
-            _check_out_shape(out, a, out_shape)
+            _check_out_shape(out, a, out_shape, out_dtype)
         none = Layout2("", 0, 0)
-        return GemmProblem(a.dtype, m, n, k, batch, none, none, none, out_shape, a.device, False)
+        return GemmProblem(a.dtype, b.dtype, out_dtype, m, n, k, batch, none, none, none, out_shape, a.device,
+                           False)
     la_op = _matrix_layout(a, m, k, "k", "m")
     lb_op = _matrix_layout(b, k, n, "n", "k")
     if (la or 1) == 1 and batch > 1:
         la_op = Layout2(la_op.major, la_op.lead, 0)
     if (lb or 1) == 1 and batch > 1:
         lb_op = Layout2(lb_op.major, lb_op.lead, 0)
-    lc_op = Layout2("n", n, m * n) if out is None else _check_out(out, a, out_shape)
+    lc_op = Layout2("n", n, m * n) if out is None else _check_out(out, a, out_shape, out_dtype)
     # A batch of A rows times one B is a single taller GEMM when the batch
     # entries of A and C are laid out back to back: one launch, no stride-0 operand.
     fold = (batch > 1 and lb_op.batch == 0 and la_op.major == "k" and la == batch
             and la_op.batch == m * la_op.lead and lc_op.batch == m * lc_op.lead)
     if fold:
-        return GemmProblem(a.dtype, m * batch, n, k, 1, Layout2("k", la_op.lead, m * batch * la_op.lead),
+        return GemmProblem(a.dtype, b.dtype, out_dtype, m * batch, n, k, 1, Layout2("k", la_op.lead, m * batch * la_op.lead),
                            Layout2(lb_op.major, lb_op.lead, 0), Layout2("n", lc_op.lead, m * batch * lc_op.lead),
                            out_shape, a.device, True)
     if batch == 1:
@@ -132,20 +151,21 @@ def make_problem(a: Operand, b: Operand, out: Operand | None) -> GemmProblem:
         la_op = Layout2(la_op.major, la_op.lead, la_op.lead * (m if la_op.major == "k" else k))
         lb_op = Layout2(lb_op.major, lb_op.lead, lb_op.lead * (k if lb_op.major == "n" else n))
         lc_op = Layout2("n", lc_op.lead, lc_op.lead * m)
-    return GemmProblem(a.dtype, m, n, k, batch, la_op, lb_op, lc_op, out_shape, a.device, False)
+    return GemmProblem(a.dtype, b.dtype, out_dtype, m, n, k, batch, la_op, lb_op, lc_op, out_shape,
+                       a.device, False)
 
 
-def _check_out_shape(out: Operand, a: Operand, shape: tuple[int, ...]) -> None:
+def _check_out_shape(out: Operand, a: Operand, shape: tuple[int, ...], dtype: str) -> None:
     if out.shape != shape:
         raise ValueError(f"out: shape {list(out.shape)} does not match the result shape {list(shape)}")
-    if out.dtype != a.dtype:
-        raise TypeError(f"out: dtype {out.dtype} does not match the inputs' dtype {a.dtype}")
+    if out.dtype != dtype:
+        raise TypeError(f"out: dtype {out.dtype} does not match the result dtype {dtype}")
     if out.device != a.device:
         raise ValueError(f"out is on cuda:{out.device} but the inputs are on cuda:{a.device}")
 
 
-def _check_out(out: Operand, a: Operand, shape: tuple[int, ...]) -> Layout2:
-    _check_out_shape(out, a, shape)
+def _check_out(out: Operand, a: Operand, shape: tuple[int, ...], dtype: str) -> Layout2:
+    _check_out_shape(out, a, shape, dtype)
     strides = _normalize(out.shape, out.strides)
     if strides[-1] != 1 or strides[-2] < shape[-1]:
         raise ValueError(f"out: strides {list(out.strides)} are not supported; the result must be row-major "

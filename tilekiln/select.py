@@ -70,8 +70,10 @@ def layout_code(problem: GemmProblem) -> str:
 
 def check_kernel(kernel: KernelInfo, problem: GemmProblem) -> str | None:
     """Why ``kernel`` cannot run ``problem``, or None if it can."""
-    if kernel.dtypes[0] != problem.dtype or kernel.dtypes[3] != problem.dtype:
-        return f"dtype: kernel takes {kernel.dtypes[0]} -> {kernel.dtypes[3]}, inputs are {problem.dtype}"
+    want = (problem.a_dtype, problem.b_dtype, problem.out_dtype)
+    have = (kernel.dtypes[0], kernel.dtypes[1], kernel.dtypes[3])
+    if want != have:
+        return f"dtype: kernel computes {have[0]}/{have[1]}->{have[2]}, the call needs {problem.dtype}"
     if kernel.a_major != problem.a.major:
         return f"layout: kernel wants A {kernel.a_major}-major, a is {problem.a.major}-major"
     if kernel.b_major != problem.b.major:

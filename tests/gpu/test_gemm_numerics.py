@@ -9,6 +9,7 @@ pytestmark = pytest.mark.gpu
 SHAPES = [  # (batch, M, N, K); tails in every dimension, K not a multiple of the tile
     (1, 512, 512, 256),
     (1, 1000, 1032, 520),
+    (1, 1000, 1040, 528),
     (3, 264, 136, 72),
     (1, 8, 8, 8),
     (2, 129, 264, 1000),
@@ -22,9 +23,16 @@ def _torch():
     return torch
 
 
+FP8 = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+
+
 def make_operands(kernel, batch, m, n, k, seed):
     torch = _torch()
     g = torch.Generator(device="cuda").manual_seed(seed)
+    if kernel.dtypes[0] in FP8:  # fp8 kernels are K-major only (wgmma reads 8-bit operands K-major)
+        a = torch.randn(batch, m, k, device="cuda", generator=g).to(getattr(torch, FP8[kernel.dtypes[0]]))
+        b = torch.randn(batch, n, k, device="cuda", generator=g).to(getattr(torch, FP8[kernel.dtypes[1]]))
+        return a, b.transpose(1, 2)
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[kernel.dtypes[0]]
     if kernel.a_major == "k":
         a = torch.randn(batch, m, k, device="cuda", dtype=dtype, generator=g)
@@ -56,10 +64,22 @@ def test_every_kernel_matches_float64_reference(bundle):
     for kernel in bundle.kernels:
         for i, (batch, m, n, k) in enumerate(SHAPES):
             a, b = make_operands(kernel, batch, m, n, k, seed=1000 * kernel.index + i)
-            out = torch.full((batch, m, n), float("nan"), device="cuda", dtype=a.dtype)
-            bundle.gemm(a, b, out, kernel=kernel.id)
-            torch.cuda.synchronize()
-            err = relative_error(out, a, b)
+            if kernel.dtypes[0] in FP8:
+                if batch != 1 or k % 16:
+                    continue  # fp8 rows must be 16-byte multiples; scaled GEMMs are 2-D here
+                a, b = a[0], b[0]
+                sa = torch.tensor([0.5], device="cuda")
+                sb = torch.tensor([0.25], device="cuda")
+                out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+                bundle.scaled_gemm(a, b, sa, sb, out=out, kernel=kernel.id)
+                torch.cuda.synchronize()
+                ref = (a.double() @ b.double()) * 0.125
+                err = ((out.double() - ref).norm() / ref.norm()).item()
+            else:
+                out = torch.full((batch, m, n), float("nan"), device="cuda", dtype=a.dtype)
+                bundle.gemm(a, b, out, kernel=kernel.id)
+                torch.cuda.synchronize()
+                err = relative_error(out, a, b)
             if torch.isnan(out).any() or not err < 1e-2:
                 failures.append(f"{kernel.id} {(batch, m, n, k)}: relative error {err:.3g}")
     assert not failures, "\n".join(failures)
