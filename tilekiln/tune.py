@@ -1,0 +1,149 @@
+"""Measure which kernel is fastest per shape bucket and ship the table in the bundle.
+
+    python3 -m tilekiln.tune BUNDLE_DIR [--shapes 4096x4096x4096,...] [--dtype bf16|f16|e4m3]
+
+Runs on a GPU with torch. For every shape it times each kernel whose contract
+accepts the problem (CUDA events, median of many launches after warm-up,
+inputs rotated so the L2 is cold for problems smaller than it), and records
+the winner under the problem's shape bucket (``select.shape_bucket``: dtype,
+layout and the power-of-two ceiling of M, N, K and batch). The table is
+written into ``manifest.json`` (``tuning.table``) and the manifest's digest is
+recomputed, atomically; the runtime then prefers the tuned kernel for every
+problem in that bucket whose contract it accepts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from tilekiln.manifest import MANIFEST_NAME, manifest_digest
+
+L2_BYTES = 60 * 2**20
+
+# LLM-style problems: token counts from decode to large prefill against the
+# projection and MLP matrices of 4k- and 8k-hidden models, plus squares.
+DEFAULT_SHAPES = sorted({
+    (m, n, k)
+    for m in (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+    for n, k in ((4096, 4096), (12288, 4096), (14336, 4096), (4096, 14336),
+                 (8192, 8192), (24576, 8192), (28672, 8192), (8192, 28672))
+} | {(s, s, s) for s in (1024, 2048, 4096, 8192)})
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    shapes = []
+    for item in filter(None, text.split(",")):
+        parts = item.lower().split("x")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise SystemExit(f"--shapes: {item!r} is not MxNxK with positive integers")
+        shapes.append(tuple(int(p) for p in parts))
+    return shapes
+
+
+def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, iters: int) -> dict[str, dict]:
+    import torch
+
+    import tilekiln
+    from tilekiln._tensors import describe
+    from tilekiln.problem import make_problem
+    from tilekiln.select import check_kernel, layout_code, shape_bucket
+
+    bundle = tilekiln.load(bundle_dir)
+    fp8 = dtype_name == "e4m3"
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "e4m3": torch.float8_e4m3fn}[dtype_name]
+    out_dtype = torch.bfloat16 if fp8 else dtype
+    scales = (torch.ones(1, device="cuda"), torch.ones(1, device="cuda")) if fp8 else None
+    table: dict[str, dict] = {}
+    for (m, n, k) in shapes:
+        one = (m * k + n * k) * torch.finfo(dtype).bits // 8 + 2 * m * n
+        sets = []
+        for _ in range(max(1, min(8, math.ceil(2 * L2_BYTES / one)))):
+            a = torch.randn(m, k, device="cuda").to(dtype)
+            b = torch.randn(n, k, device="cuda").to(dtype).t()
+            sets.append((a, b, torch.empty(m, n, device="cuda", dtype=out_dtype)))
+        problem = make_problem(describe(sets[0][0], "a"), describe(sets[0][1], "b"), None,
+                               "bf16" if fp8 else None)
+        bucket = shape_bucket(problem, layout_code(problem))
+        timings = {}
+        for kernel in bundle.kernels:
+            if check_kernel(kernel, problem) is not None:
+                continue
+
+            def run(i, kid=kernel.id):
+                a, b, c = sets[i % len(sets)]
+                if fp8:
+                    bundle.scaled_gemm(a, b, *scales, out=c, kernel=kid)
+                else:
+                    bundle.gemm(a, b, c, kernel=kid)
+
+            for i in range(3):
+                run(i)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            samples = []
+            for i in range(iters):
+                start.record()
+                run(i)
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end))
+            timings[kernel.id] = statistics.median(samples)
+        if not timings:
+            continue
+        best = min(timings, key=timings.get)
+        flops = 2 * m * n * k
+        entry = table.get(bucket)
+        # Several shapes may share a bucket; keep the kernel that wins the
+        # largest problem there, since it dominates the bucket's run time.
+        if entry is None or flops >= entry["flops"]:
+            table[bucket] = {"kernel": best, "flops": flops, "shape": [m, n, k],
+                             "tflops": round(flops / timings[best] / 1e9, 1),
+                             "candidates": {kid: round(t, 4) for kid, t in sorted(timings.items())}}
+        print(f"{m:6d}x{n:6d}x{k:6d} {bucket:32s} {best} {flops / timings[best] / 1e9:7.1f} TFLOP/s", flush=True)
+        del sets
+    return table
+
+
+def write_table(bundle_dir: Path, table: dict[str, dict], device: str) -> None:
+    path = bundle_dir / MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    existing = manifest.get("tuning", {}).get("table", {})
+    merged = dict(existing, **{bucket: entry["kernel"] for bucket, entry in table.items()})
+    details = dict(manifest.get("tuning", {}).get("measurements", {}),
+                   **{bucket: {k: v for k, v in entry.items() if k != "kernel"} for bucket, entry in table.items()})
+    manifest["tuning"] = {"device": device, "table": dict(sorted(merged.items())),
+                          "measurements": dict(sorted(details.items()))}
+    manifest["integrity"] = {"manifest_sha256": manifest_digest(manifest)}
+    fd, tmp = tempfile.mkstemp(dir=bundle_dir, prefix=".manifest-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python3 -m tilekiln.tune", description=__doc__.split("\n")[0])
+    p.add_argument("bundle", type=Path)
+    p.add_argument("--shapes", default=None, help="comma-separated MxNxK list (default: an LLM shape grid)")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "e4m3"])
+    p.add_argument("--iters", type=int, default=20)
+    args = p.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("tilekiln tune needs a CUDA GPU")
+    shapes = parse_shapes(args.shapes) if args.shapes else DEFAULT_SHAPES
+    table = tune(args.bundle, shapes, args.dtype, args.iters)
+    write_table(args.bundle, table, torch.cuda.get_device_name())
+    print(f"wrote {len(table)} buckets to {args.bundle / MANIFEST_NAME}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
