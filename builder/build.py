@@ -21,18 +21,16 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-import platform
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builder import __version__
-from builder.bundle import BundleFile, bundle_name, library_name, write_bundle, MANIFEST_SCHEMA_VERSION
+from builder.bundle import BundleFile, bundle_name, library_name, write_bundle
 from builder.cache import ContentCache, canonical_key
 from builder.compile import CompileFailure, CompileJob, CompileOutput
 from builder.cubin import CubinInfo, inspect_cubin
 from builder.diagnostics import Diagnostic, DiagnosticError, Location, Severity
-from builder.link import ABI_VERSION, LinkInput, link_library, render_glue
+from builder.link import LinkInput, link_library, render_glue
+from builder.manifest import make_manifest
 from builder.objfile import EntryPoints, ObjectFormatError, cubins, entry_points, fatbin
 from builder.parallel import Executor
 from builder.progress import BuildProgress
@@ -260,70 +258,3 @@ def link_cached(bundle: str, records: list[KernelRecord], cache: ContentCache) -
         out.unlink(missing_ok=True)
     cache.put("library", key, {"lib.so": data}, {"bundle": bundle})
     return data
-
-
-def make_manifest(arch: str, records: list[KernelRecord], validation: Validation, root: Path) -> dict:
-    first = records[0].ctx
-    target = first.facts.target(arch)
-    tools = toolchain()
-    kernels = []
-    for index, r in enumerate(records):
-        ctx = r.ctx
-        cfg, plan = ctx.entry.config, ctx.plan
-        kernels.append({
-            "index": index,
-            "id": r.kernel_id,
-            "pipeline": cfg.pipeline,
-            "dtypes": {"a": cfg.dtypes.a.value, "b": cfg.dtypes.b.value, "acc": cfg.dtypes.acc.value,
-                       "c": cfg.dtypes.c.value},
-            "layout": {"code": cfg.layout.code, "a": "k" if cfg.layout.a_k_major else "m",
-                       "b": "k" if cfg.layout.b_k_major else "n", "c": "n"},
-            "tile": [cfg.tile.m, cfg.tile.n, cfg.tile.k],
-            "cluster": [cfg.cluster.m, cfg.cluster.n],
-            "schedule": cfg.schedule.value,
-            "raster": cfg.raster.value,
-            "swizzle": cfg.swizzle,
-            "stages": plan.stages,
-            "threads": plan.threads,
-            "contract": {
-                "base_alignment_bytes": plan.base_alignment,
-                "stride_divisibility": {"a": plan.stride_divisibility[0], "b": plan.stride_divisibility[1],
-                                        "c": plan.stride_divisibility[2]},
-                "max_extent": 2**31 - 1,
-            },
-            "resources": {"registers": r.info.registers, "smem_bytes": plan.smem.total,
-                          "static_smem_bytes": r.info.static_smem_bytes, "stack_bytes": r.info.stack_bytes,
-                          "local_bytes": r.info.local_bytes, "spills": r.info.spills,
-                          "sass": dict(r.info.census)},
-            "source": {"file": f"sources/{r.kernel_id}.py", "sha256": hashlib.sha256(r.source.encode()).hexdigest()},
-            "cubin": {"file": f"cubins/{r.kernel_id}.cubin", "sha256": hashlib.sha256(r.cubin).hexdigest(),
-                      "bytes": len(r.cubin)},
-            "symbols": {"prefix": r.entry.prefix, "init": r.entry.init, "load": r.entry.load_to_device,
-                        "launch": r.entry.launch},
-            "catalog": {"file": ctx.entry.file, "item": ctx.entry.item},
-            "template": {"name": ctx.template.name, "sha256": ctx.template.source_sha256},
-            "verification": "compile-verified",
-        })
-    return {
-        "schema_version": MANIFEST_SCHEMA_VERSION,
-        "bundle": {"name": bundle_name(arch), "version": validation.catalog.settings.version,
-                   "arch": arch, "arch_kind": target.kind,
-                   "compute_capability": list(target.compute_capability), "abi_version": ABI_VERSION},
-        "library": f"lib/{library_name(bundle_name(arch))}",
-        "toolchain": {"builder": __version__, **dict(tools.versions), "cc": tools.cc_version},
-        "provenance": {"git_commit": git_commit(root), "build_host": f"{platform.machine()}-{platform.system().lower()}",
-                       "catalog_files": list(validation.catalog.files)},
-        "kernels": kernels,
-    }
-
-
-def git_commit(root: Path) -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        if head.returncode != 0:
-            return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return head.stdout.strip() + ("-dirty" if dirty else "")
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"

@@ -25,9 +25,6 @@ from pathlib import Path
 
 from tilekiln.manifest import MANIFEST_NAME, manifest_digest
 
-MANIFEST_SCHEMA_VERSION = "1.0"
-
-
 @dataclass(frozen=True)
 class BundleFile:
     relative: str
