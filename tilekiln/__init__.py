@@ -54,7 +54,7 @@ def _default_bundle(device: int):
         if device in _default_for_device:
             return _default_for_device[device]
         from tilekiln._driver import compute_capability
-        from tilekiln.bundle import arch_runs_on
+        from tilekiln.compat import arch_runs_on, device_needs
         from tilekiln.discovery import describe_installed, installed, open_bundle
         from tilekiln.manifest import read_manifest
 
@@ -67,8 +67,7 @@ def _default_bundle(device: int):
         if not matches:
             raise BundleCompatibilityError(
                 f"no installed bundle runs on cuda:{device} (compute capability {cc[0]}.{cc[1]}; it needs a "
-                f"bundle for sm_{cc[0]}{cc[1]}a, or a family bundle sm_{cc[0]}Xf with X <= {cc[1]}). "
-                f"{describe_installed()}")
+                f"bundle for {device_needs(cc)}). {describe_installed(cc)}")
         matches.sort(key=lambda t: t[0])
         bundle = _default_for_device[device] = open_bundle(matches[0][1].directory)
         return bundle

@@ -16,11 +16,13 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from tilekiln import _native
 from tilekiln._native import NativeLibrary
 from tilekiln._tensors import Operand, describe, is_torch_tensor
-from tilekiln.errors import BundleCompatibilityError, BundleError, LaunchError, NoKernelError
+from tilekiln.compat import arch_runs_on, wrong_device
+from tilekiln.errors import BundleError, LaunchError, NoKernelError
 from tilekiln.manifest import Manifest, read_manifest
 from tilekiln.problem import GemmProblem, make_problem
 from tilekiln.select import Choice, choose
@@ -43,18 +45,17 @@ class Plan:
     static_args: tuple[int, ...]  # strides, m, n, k, l, clusters, device
 
 
-def arch_runs_on(arch_kind: str, target: tuple[int, int], device: tuple[int, int]) -> bool:
-    """``a`` code runs only on its exact compute capability; ``f`` (family) code on the
-    same major with a minor at least the target's."""
-    if arch_kind == "a":
-        return device == target
-    return device[0] == target[0] and device[1] >= target[1]
+DeviceQuery = Callable[[int], DeviceInfo]
 
 
 class Bundle:
-    def __init__(self, directory: Path, manifest: Manifest):
+    """A verified bundle. ``device_query`` answers what device ``ordinal`` is; by default
+    the bundle's library asks the driver (tests pass a simulated device)."""
+
+    def __init__(self, directory: Path, manifest: Manifest, device_query: DeviceQuery | None = None):
         self.directory = directory
         self.manifest = manifest
+        self._device_query = device_query or self._query_device
         self._lock = threading.RLock()
         self._lib: NativeLibrary | None = None
         self._initialized: set[int] = set()
@@ -64,8 +65,9 @@ class Bundle:
         self._tuning = dict(manifest.tuning)
 
     @classmethod
-    def open(cls, directory: Path) -> "Bundle":
-        return cls(directory, read_manifest(directory))
+    def open(cls, directory: Path, device_query: DeviceQuery | None = None) -> "Bundle":
+        """Verify every file of the bundle in ``directory`` (nothing is opened before that)."""
+        return cls(directory, read_manifest(directory), device_query)
 
     def __repr__(self) -> str:
         return f"<tilekiln bundle {self.name} {self.version} ({self.arch}, {len(self.kernels)} kernels)>"
@@ -100,12 +102,24 @@ class Bundle:
         return self._lib
 
     def device(self, ordinal: int) -> DeviceInfo:
+        """Device ``ordinal``, checked once against the bundle's target before any kernel is loaded on it."""
         info = self._devices.get(ordinal)
         if info is None:
             with self._lock:
-                info = self._devices.get(ordinal) or self._query_device(ordinal)
-                self._devices[ordinal] = info
+                info = self._devices.get(ordinal)
+                if info is None:
+                    info = self._device_query(ordinal)
+                    self._require_runs_on(info)
+                    self._devices[ordinal] = info
         return info
+
+    def _require_runs_on(self, info: DeviceInfo) -> None:
+        m = self.manifest
+        if not arch_runs_on(m.arch_kind, m.compute_capability, info.compute_capability):
+            from tilekiln.discovery import describe_installed
+
+            raise wrong_device(m.name, m.arch, m.arch_kind, m.compute_capability, info.ordinal,
+                               info.compute_capability, describe_installed(info.compute_capability))
 
     def _query_device(self, ordinal: int) -> DeviceInfo:
         lib = self._library()
@@ -117,20 +131,7 @@ class Bundle:
                 raise BundleError(f"cannot query cuda:{ordinal}: {lib.error_name(status)} "
                                   f"({lib.error_string(status)})")
             values.append(value)
-        cc = (values[0], values[1])
-        m = self.manifest
-        if not arch_runs_on(m.arch_kind, m.compute_capability, cc):
-            from tilekiln.discovery import describe_installed
-
-            rule = ("only on that exact compute capability" if m.arch_kind == "a"
-                    else f"on compute capability {m.compute_capability[0]}.x >= "
-                         f"{m.compute_capability[0]}.{m.compute_capability[1]}")
-            raise BundleCompatibilityError(
-                f"bundle {self.name} holds {m.arch} code, which runs {rule} "
-                f"({m.compute_capability[0]}.{m.compute_capability[1]}); cuda:{ordinal} is compute capability "
-                f"{cc[0]}.{cc[1]} and needs a bundle for sm_{cc[0]}{cc[1]}a or sm_{cc[0]}{cc[1]}f. "
-                f"{describe_installed()}")
-        return DeviceInfo(ordinal, cc, values[2])
+        return DeviceInfo(ordinal, (values[0], values[1]), values[2])
 
     def _ensure_ready(self, index: int, device: int) -> None:
         if (index, device) in self._ready:

@@ -62,7 +62,9 @@ def find(name: str) -> BundleLocation:
     raise BundleError(f"no bundle named {name!r} is installed. {describe_installed()}")
 
 
-def describe_installed() -> str:
+def describe_installed(device: tuple[int, int] | None = None) -> str:
+    """What the installed bundles cover, in words; with a device's compute capability,
+    also which of them run on it."""
     try:
         locs = installed()
     except BundleError as exc:
@@ -70,16 +72,25 @@ def describe_installed() -> str:
     if not locs:
         return (f"No bundles are installed: pip install a tilekiln-kernels wheel, or set {PATH_VARIABLE} "
                 "to a directory of built bundles (e.g. artifacts/).")
+    from tilekiln.compat import arch_runs_on
     from tilekiln.manifest import read_manifest
 
-    parts = []
+    parts, usable = [], []
     for loc in locs:
         try:
-            arch = read_manifest(loc.directory, verify=False).arch
+            m = read_manifest(loc.directory, verify=False)
         except Exception:  # noqa: BLE001 - describing, not loading
-            arch = "unreadable"
-        parts.append(f"{loc.name} ({arch}, {loc.source})")
-    return "Installed bundles cover: " + ", ".join(parts) + "."
+            parts.append(f"{loc.name} (unreadable, {loc.source})")
+            continue
+        parts.append(f"{loc.name} ({m.arch}, {loc.source})")
+        if device is not None and arch_runs_on(m.arch_kind, m.compute_capability, device):
+            usable.append(loc.name)
+    text = "Installed bundles cover: " + ", ".join(parts) + "."
+    if device is not None:
+        cc = f"{device[0]}.{device[1]}"
+        text += (f" Those that run on compute capability {cc}: {', '.join(usable)}." if usable else
+                 f" None runs on compute capability {cc}.")
+    return text
 
 
 _cache_lock = threading.Lock()

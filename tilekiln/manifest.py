@@ -14,6 +14,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from tilekiln.errors import BundleCompatibilityError, BundleIntegrityError
 
@@ -83,14 +84,22 @@ def manifest_digest(data: dict) -> str:
 
 
 def read_manifest(directory: Path, verify: bool = True) -> Manifest:
-    path = directory / MANIFEST_NAME
+    """The manifest of the bundle in ``directory``; with ``verify``, every file is checked first."""
     label = directory.name
     try:
-        raw = path.read_bytes()
+        raw = (directory / MANIFEST_NAME).read_bytes()
     except FileNotFoundError:
         raise BundleIntegrityError(label, MANIFEST_NAME, "missing") from None
     except OSError as exc:
         raise BundleIntegrityError(label, MANIFEST_NAME, f"unreadable ({exc.strerror})") from None
+    manifest = parse_manifest(raw, label, verify)
+    if verify:
+        verify_files(manifest, lambda relative: (directory / relative).read_bytes())
+    return manifest
+
+
+def parse_manifest(raw: bytes, label: str, verify: bool = True) -> Manifest:
+    """Parse manifest bytes: versions first (so a newer format is named as such), then the digest."""
     try:
         data = json.loads(raw)
         if not isinstance(data, dict):
@@ -99,16 +108,14 @@ def read_manifest(directory: Path, verify: bool = True) -> Manifest:
         raise BundleIntegrityError(label, MANIFEST_NAME, f"not valid JSON ({exc})") from None
     _check_versions(label, data)
     if verify:
-        recorded = data.get("integrity", {}).get("manifest_sha256")
+        integrity = data.get("integrity")
+        recorded = integrity.get("manifest_sha256") if isinstance(integrity, dict) else None
         if recorded != manifest_digest(data):
             raise BundleIntegrityError(label, MANIFEST_NAME, "content does not match its recorded sha256")
     try:
-        manifest = _parse(data)
-    except (KeyError, TypeError, ValueError) as exc:
+        return _parse(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise BundleIntegrityError(label, MANIFEST_NAME, f"malformed ({type(exc).__name__}: {exc})") from None
-    if verify:
-        verify_files(directory, manifest)
-    return manifest
 
 
 def _check_versions(label: str, data: dict) -> None:
@@ -120,19 +127,24 @@ def _check_versions(label: str, data: dict) -> None:
         raise BundleCompatibilityError(
             f"bundle {label}: manifest schema version {schema} is not supported by this tilekiln runtime, "
             f"which reads schema {SUPPORTED_SCHEMA_MAJOR}.x; install a tilekiln runtime that matches the bundle")
-    abi = data.get("bundle", {}).get("abi_version")
+    bundle = data.get("bundle")
+    abi = bundle.get("abi_version") if isinstance(bundle, dict) else None
     if abi != ABI_VERSION:
         raise BundleCompatibilityError(
             f"bundle {label}: library ABI version {abi} differs from this runtime's ABI {ABI_VERSION}; "
             "install matching tilekiln and bundle versions")
 
 
-def verify_files(directory: Path, manifest: Manifest) -> None:
+def verify_files(manifest: Manifest, read: Callable[[str], bytes]) -> None:
+    """Check the sha256 of every listed file; ``read(relative)`` returns a file's bytes.
+
+    Raises :class:`BundleIntegrityError` naming the first missing, unreadable,
+    modified or truncated file.
+    """
     for relative, digest in manifest.files:
-        path = directory / relative
         try:
-            data = path.read_bytes()
-        except FileNotFoundError:
+            data = read(relative)
+        except (FileNotFoundError, KeyError):
             raise BundleIntegrityError(manifest.name, relative, "missing") from None
         except OSError as exc:
             raise BundleIntegrityError(manifest.name, relative, f"unreadable ({exc.strerror})") from None
@@ -157,10 +169,16 @@ def _parse(data: dict) -> Manifest:
             registers=int(k["resources"]["registers"]), smem_bytes=int(k["resources"]["smem_bytes"]),
             cubin_bytes=int(k["cubin"]["bytes"]), verification=k["verification"],
         ))
+    files = data["files"]
+    for relative in files:
+        if relative.startswith("/") or ".." in relative.split("/"):
+            raise ValueError(f"file {relative!r} lies outside the bundle directory")
+    if data["library"] not in files:
+        raise ValueError(f"library {data['library']} is not among the hashed files")
     tuning = tuple((str(bucket), str(kid)) for bucket, kid in sorted(data.get("tuning", {}).get("table", {}).items()))
     return Manifest(
         name=b["name"], version=b["version"], arch=b["arch"], arch_kind=b["arch_kind"],
         compute_capability=tuple(b["compute_capability"]), abi_version=int(b["abi_version"]),
-        library=data["library"], kernels=tuple(kernels), files=tuple(sorted(data["files"].items())),
+        library=data["library"], kernels=tuple(kernels), files=tuple(sorted(files.items())),
         tuning=tuning, raw=data,
     )
