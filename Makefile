@@ -19,8 +19,13 @@ build-kernels: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
-wheel: $(STAMP)
-	$(BIN)/tilekiln package artifacts/sm90a --out dist
+# dist/: the runtime wheel (tilekiln-<version>-py3-none-any.whl) and one wheel per
+# bundle under artifacts/. build/ is setuptools' scratch tree; stale files there
+# would end up in the runtime wheel.
+wheel: build-kernels
+	rm -rf build
+	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir dist .
+	$(BIN)/tilekiln package artifacts/*/ --out dist
 
 clean:
 	rm -rf artifacts dist

@@ -170,6 +170,15 @@ def load_catalog(catalog_dir: Path, root: Path | None = None, files: list[Path] 
     return Catalog(settings or CatalogSettings(version="0.0.0"), tuple(entries), tuple(shown))
 
 
+def load_settings(path: Path, root: Path | None = None) -> CatalogSettings:
+    """``catalog/catalog.yaml`` alone (bundle version, wheel size limit); raises ``DiagnosticError``."""
+    problems: list[Diagnostic] = []
+    settings = _load_settings(path, root, problems)
+    if settings is None:
+        raise DiagnosticError(problems)
+    return settings
+
+
 def _load_settings(path: Path, root: Path | None, problems: list) -> CatalogSettings | None:
     if not path.exists():
         problems.append(Diagnostic("CATALOG-SETTINGS", "catalog.yaml is missing", Location(display_path(path, root)),

@@ -181,3 +181,90 @@ def list_kernels(root: Path, cache_dir, pipeline, arch, only, shard, fmt) -> Non
         for row in rows:
             click.echo(f"{row['arch']:8s} {'cached' if row['cached'] else 'build ':6s} {row['kernel']}")
         click.echo(f"{len(rows)} kernels, {sum(r['cached'] for r in rows)} cached", err=True)
+
+
+def _size_limit(root: Path, max_size: str | None) -> int:
+    from builder.catalog import load_settings, parse_size
+
+    if max_size is not None:
+        try:
+            return parse_size(max_size)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--max-size") from None
+    try:
+        return load_settings(root / "catalog" / "catalog.yaml", root).wheel_size_limit_bytes
+    except DiagnosticError as exc:
+        _report(exc.diagnostics, "text")
+        raise click.UsageError("no size limit: pass --max-size, or run from a project root whose "
+                               "catalog/catalog.yaml sets wheel_size_limit") from None
+
+
+@main.command()
+@click.argument("bundles", nargs=-1, required=True, type=click.Path())
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="dist", show_default=True,
+              help="directory for the wheels")
+@click.option("--max-size", default=None, metavar="SIZE",
+              help="refuse a wheel larger than this, e.g. 100MB (default: wheel_size_limit in catalog/catalog.yaml)")
+@click.pass_obj
+def package(root: Path, bundles: tuple[str, ...], out_dir: str, max_size: str | None) -> None:
+    """Package bundle directories as wheels that pip installs and tilekiln.load finds."""
+    from builder.inspection import print_size_breakdown
+    from builder.wheel import WheelTooLarge, package_bundle
+
+    limit = _size_limit(root, max_size)
+    for bundle in bundles:
+        try:
+            path, wheel = package_bundle(Path(bundle), Path(out_dir), limit)
+        except WheelTooLarge as exc:
+            _report(exc.diagnostics, "text")
+            print_size_breakdown(exc.rows)
+            sys.exit(EXIT_INVALID)
+        except DiagnosticError as exc:
+            _report(exc.diagnostics, "text")
+            sys.exit(EXIT_INVALID)
+        click.echo(f"{path}: {wheel.size:,} bytes (limit {limit:,}); requires tilekiln{wheel.requires}; "
+                   f"library needs glibc {wheel.tag.required[0]}.{wheel.tag.required[1]}")
+
+
+@main.command(name="inspect")
+@click.argument("artifact", type=click.Path(exists=True))
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def inspect_artifact(artifact: str, fmt: str) -> None:
+    """Show a bundle's or bundle wheel's kernels, integrity and provenance (exit 1 if damaged)."""
+    from rich.console import Console
+
+    from builder.artifact import open_artifact
+    from builder.inspection import inspect_json, print_inspect
+
+    try:
+        found = open_artifact(Path(artifact))
+    except DiagnosticError as exc:
+        _report(exc.diagnostics, fmt)
+        sys.exit(EXIT_INVALID)
+    if fmt == "json":
+        click.echo(json.dumps(inspect_json(found), indent=2))
+    else:
+        print_inspect(found, Console(soft_wrap=True))
+    sys.exit(EXIT_INVALID if found.problem else EXIT_OK)
+
+
+@main.command()
+@click.argument("old", type=click.Path(exists=True))
+@click.argument("new", type=click.Path(exists=True))
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def diff(old: str, new: str, fmt: str) -> None:
+    """Kernels added, removed and changed between two bundles or wheels, and the size delta."""
+    from rich.console import Console
+
+    from builder.artifact import open_artifact
+    from builder.inspection import diff_artifacts, diff_json, print_diff
+
+    try:
+        result = diff_artifacts(open_artifact(Path(old)), open_artifact(Path(new)))
+    except DiagnosticError as exc:
+        _report(exc.diagnostics, fmt)
+        sys.exit(EXIT_INVALID)
+    if fmt == "json":
+        click.echo(json.dumps(diff_json(result), indent=2))
+    else:
+        print_diff(result, Console(soft_wrap=True))

@@ -113,8 +113,8 @@ def package_name(bundle: str) -> str:
     return f"tilekiln_kernels_{bundle}"
 
 
-def package_bundle(bundle_dir: Path, out_dir: Path, max_size: int) -> Path:
-    """Write the wheel of the bundle in ``bundle_dir`` to ``out_dir``; returns its path.
+def package_bundle(bundle_dir: Path, out_dir: Path, max_size: int) -> tuple[Path, Wheel]:
+    """Write the wheel of the bundle in ``bundle_dir`` to ``out_dir``; returns its path and contents.
 
     Raises :class:`WheelTooLarge` (nothing written) when it exceeds ``max_size``
     bytes, and ``DiagnosticError`` when the bundle is missing, fails its
@@ -139,7 +139,7 @@ def package_bundle(bundle_dir: Path, out_dir: Path, max_size: int) -> Path:
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
-    return final
+    return final, wheel
 
 
 def make_wheel(bundle_dir: Path) -> Wheel:

@@ -1,0 +1,111 @@
+"""Open a built bundle, a bundle directory or a bundle wheel, without installing anything.
+
+:func:`open_artifact` reads the manifest with the runtime's reader
+(``tilekiln/manifest.py``), checks every file against its sha256 the way
+``tilekiln.load`` does, and keeps the outcome as a value instead of raising:
+``tilekiln inspect`` shows a damaged bundle and says what is wrong with it.
+A wheel is read as a zip; its bundle is the one ``<package>/bundle/manifest.json``.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from builder.diagnostics import Diagnostic, DiagnosticError, Location
+from tilekiln.errors import BundleCompatibilityError, BundleIntegrityError
+from tilekiln.manifest import MANIFEST_NAME, Manifest, parse_manifest, verify_files
+
+
+@dataclass(frozen=True)
+class WheelInfo:
+    filename: str
+    distribution: str
+    version: str
+    requires: tuple[str, ...]
+    tag: str
+    archive_bytes: int
+
+
+@dataclass(frozen=True)
+class Artifact:
+    path: Path
+    manifest: Manifest
+    sizes: tuple[tuple[str, int], ...]  # every file present that the manifest lists, and the manifest
+    problem: str  # "" when the manifest and every file match their sha256
+    wheel: WheelInfo | None
+
+    @property
+    def kind(self) -> str:
+        return "wheel" if self.wheel else "bundle directory"
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(n for _, n in self.sizes)
+
+    def size_of(self, relative: str) -> int | None:
+        return dict(self.sizes).get(relative)
+
+
+def open_artifact(path: Path) -> Artifact:
+    """Raises ``DiagnosticError`` when ``path`` is neither, or its manifest cannot be read at all."""
+    if path.is_dir():
+        return _open(path, lambda rel: (path / rel).read_bytes(), None)
+    if path.is_file() and zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as zf:
+            prefix, wheel = _wheel_layout(path, zf)
+            return _open(path, lambda rel: zf.read(prefix + rel), wheel)
+    raise _error(path, "neither a bundle directory nor a bundle wheel",
+                 "pass a directory written by `tilekiln build` or a wheel written by `tilekiln package`")
+
+
+def _open(path: Path, read: Callable[[str], bytes], wheel: WheelInfo | None) -> Artifact:
+    try:
+        raw = read(MANIFEST_NAME)
+    except (FileNotFoundError, KeyError):
+        raise _error(path, f"has no {MANIFEST_NAME}", "rebuild or repackage the bundle") from None
+    problem = ""
+    try:
+        try:
+            manifest = parse_manifest(raw, path.name)
+        except BundleIntegrityError as exc:
+            problem = str(exc)
+            manifest = parse_manifest(raw, path.name, verify=False)
+    except BundleIntegrityError as exc:
+        raise _error(path, str(exc), "rebuild or repackage the bundle") from None
+    except BundleCompatibilityError as exc:
+        raise _error(path, str(exc), "inspect it with a tilekiln that reads this format") from None
+    if not problem:
+        try:
+            verify_files(manifest, read)
+        except BundleIntegrityError as exc:
+            problem = str(exc)
+    sizes = []
+    for relative in [r for r, _ in manifest.files] + [MANIFEST_NAME]:
+        try:
+            sizes.append((relative, len(read(relative))))
+        except (FileNotFoundError, KeyError):
+            continue
+    return Artifact(path, manifest, tuple(sizes), problem, wheel)
+
+
+def _wheel_layout(path: Path, zf: zipfile.ZipFile) -> tuple[str, WheelInfo]:
+    names = zf.namelist()
+    manifests = [n for n in names if n.count("/") == 2 and n.endswith(f"/bundle/{MANIFEST_NAME}")]
+    metadata = [n for n in names if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+    wheel_files = [n for n in names if n.count("/") == 1 and n.endswith(".dist-info/WHEEL")]
+    if len(manifests) != 1 or len(metadata) != 1 or len(wheel_files) != 1:
+        raise _error(path, "is a zip but not a tilekiln bundle wheel (it needs one <package>/bundle/manifest.json "
+                           "and one .dist-info)", "pass a wheel written by `tilekiln package`")
+    meta = email.parser.Parser().parsestr(zf.read(metadata[0]).decode())
+    tags = email.parser.Parser().parsestr(zf.read(wheel_files[0]).decode()).get_all("Tag") or []
+    info = WheelInfo(path.name, meta.get("Name", ""), meta.get("Version", ""),
+                     tuple(meta.get_all("Requires-Dist") or ()), ", ".join(tags), path.stat().st_size)
+    return manifests[0][: -len(MANIFEST_NAME)], info
+
+
+def _error(path: Path, problem: str, hint: str) -> DiagnosticError:
+    return DiagnosticError([Diagnostic("INSPECT-INPUT", problem, Location(str(path)), hint)])
