@@ -199,13 +199,13 @@ def print_diff(d: BundleDiff, console: Console) -> None:
         table.add_row("-", kid, str(_cubin_bytes(d.old, kid)), "removed")
     for c in d.changed:
         table.add_row("~", c.kernel, _signed(_cubin_bytes(d.new, c.kernel) - _cubin_bytes(d.old, c.kernel)),
-                      "; ".join(f"{x.field} {x.old} -> {x.new}" for x in c.changes))
+                      "; ".join(f"{x.field} {_short(x.old)} -> {_short(x.new)}" for x in c.changes))
     if table.row_count:
         _print_table(console, table)
     console.print(f"kernels: {len(d.added)} added, {len(d.removed)} removed, {len(d.changed)} changed, "
                   f"{len(set(k.id for k in o.kernels) & set(k.id for k in n.kernels)) - len(d.changed)} unchanged")
     for x in d.bundle:
-        console.print(f"bundle: {x.field} {x.old} -> {x.new}")
+        console.print(f"bundle: {x.field} {_short(x.old)} -> {_short(x.new)}")
     line = f"size: {_bytes(d.old.total_bytes)} -> {_bytes(d.new.total_bytes)} ({_signed(d.size_delta)} B)"
     if d.archive_delta is not None:
         line += (f"; wheel {_bytes(d.old.wheel.archive_bytes)} -> {_bytes(d.new.wheel.archive_bytes)} "
@@ -263,6 +263,13 @@ def _print_table(console: Console, table: Table) -> None:
         console = Console(file=console.file, width=natural, color_system=console.color_system,
                           force_terminal=console.is_terminal)
     console.print(table)
+
+
+def _short(value: object) -> object:
+    """A sha256 as its first 12 hex digits, as in the provenance lines; anything else as it is."""
+    if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+        return value[:12]
+    return value
 
 
 def _bytes(n: int) -> str:
