@@ -20,8 +20,8 @@ import jinja2
 
 from builder.objfile import EntryPoints
 from builder.toolchain import toolchain
+from tilekiln.manifest import ABI_VERSION
 
-ABI_VERSION = 1
 LINK_DIR = Path(__file__).resolve().parent.parent / "templates" / "link"
 
 

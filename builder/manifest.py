@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 import tilekiln
 from builder import __version__
 from builder.bundle import bundle_name, library_name
-from builder.link import ABI_VERSION
 from builder.toolchain import toolchain
+from tilekiln.manifest import ABI_VERSION
 
 if TYPE_CHECKING:
     from builder.build import KernelRecord

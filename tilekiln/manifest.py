@@ -20,7 +20,9 @@ from tilekiln.errors import BundleCompatibilityError, BundleIntegrityError
 
 MANIFEST_NAME = "manifest.json"
 SUPPORTED_SCHEMA_MAJOR = 1
-ABI_VERSION = 1
+# The tk_* C API and tk_args_t of templates/link/glue.c.j2, which _native.ARGS packs; the
+# builder stamps it into the library and the manifest. 2: scale_a/scale_b added to tk_args_t.
+ABI_VERSION = 2
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import pytest
 import tilekiln
 from tilekiln.bundle import Bundle, DeviceInfo
 from tilekiln.errors import BundleCompatibilityError, BundleIntegrityError
+from tilekiln.manifest import ABI_VERSION
 
 pytestmark = pytest.mark.compile
 
@@ -45,6 +46,7 @@ def test_an_intact_copy_loads_and_maps_its_library(bundle_copy):
     assert not mapped(bundle_copy / LIBRARY)
     assert len(bundle._library().kernel_ids()) == 2
     assert mapped(bundle_copy / LIBRARY)
+    assert bundle._library().abi_version == bundle.manifest.abi_version == ABI_VERSION
 
 
 @pytest.mark.parametrize("case", ["library byte", "cubin byte", "source byte", "manifest byte",
