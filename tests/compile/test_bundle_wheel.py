@@ -285,3 +285,14 @@ def test_diff_lists_added_removed_changed_and_the_size_delta(small_build, wheel,
     assert "0 added, 1 removed, 1 changed" in text
     same = json.loads(CliRunner().invoke(main, ["diff", "--format", "json", str(small_build.path), str(wheel)]).output)
     assert (same["added"], same["removed"], same["changed"], same["bundle"]) == ([], [], [], {})
+
+
+def test_package_refuses_a_damaged_bundle_naming_the_file(small_build, tmp_path):
+    copy = tmp_path / "sm90a"
+    shutil.copytree(small_build.path, copy)
+    source = sorted((copy / "sources").glob("*.py"))[0]
+    source.write_text(source.read_text() + "# edited after the build\n")
+    result = CliRunner().invoke(main, ["package", str(copy), "--out", str(tmp_path / "dist"), "--max-size", "1GB"])
+    assert result.exit_code == 1
+    assert "WHEEL-INPUT" in result.output and f"sources/{source.name}: sha256 mismatch" in result.output
+    assert not (tmp_path / "dist").exists()
