@@ -4,7 +4,7 @@
 shared memory, cubin size, verification status), the integrity check and the
 provenance. ``diff``: kernels added, removed and changed (every manifest
 field that differs, apart from its position and symbol names), bundle-level
-changes (version, toolchain, provenance) and the size delta. Each has a JSON
+changes (version, toolchain, provenance, tuning table) and the size delta. Each has a JSON
 form (``--format json``) and a text form printed with rich.
 """
 
@@ -45,6 +45,7 @@ def inspect_json(a: Artifact) -> dict:
             "catalog": k["catalog"], "template": k["template"],
         } for k in raw["kernels"]],
         "provenance": {**raw.get("provenance", {}), "toolchain": raw.get("toolchain", {})},
+        "tuning": raw.get("tuning"),
         "size": {"files": dict(a.sizes), "total_bytes": a.total_bytes,
                  "archive_bytes": a.wheel.archive_bytes if a.wheel else None},
         "wheel": None if a.wheel is None else {
@@ -86,6 +87,9 @@ def print_inspect(a: Artifact, console: Console) -> None:
                       f"template {template} sha256 {digest[:12]}")
     tools = raw.get("toolchain", {})
     console.print("  toolchain      " + ", ".join(f"{k} {v}" for k, v in sorted(tools.items())))
+    tuning = raw.get("tuning", {})
+    console.print(f"  tuning         {len(tuning['table'])} shape buckets measured on {tuning.get('device', 'unknown')}"
+                  if tuning.get("table") else "  tuning         none (kernels chosen by the selector's model)")
     console.print(f"size: {_bytes(a.total_bytes)} in {len(a.sizes)} files (library "
                   f"{_bytes(a.size_of(m.library) or 0)}, cubins "
                   f"{_bytes(sum(n for r, n in a.sizes if r.startswith('cubins/')))})"
@@ -220,7 +224,9 @@ def _cubin_bytes(a: Artifact, kid: str) -> int:
 def _bundle_fields(a: Artifact) -> dict[str, object]:
     raw = a.manifest.raw
     return {**_flatten(raw["bundle"], "bundle."), **_flatten(raw.get("toolchain", {}), "toolchain."),
-            **_flatten(raw.get("provenance", {}), "provenance."), "schema_version": raw.get("schema_version")}
+            **_flatten(raw.get("provenance", {}), "provenance."),
+            **_flatten(raw.get("tuning", {}).get("table", {}), "tuning.table."),
+            "schema_version": raw.get("schema_version")}
 
 
 def _flatten(data: dict, prefix: str = "", ignore: tuple[str, ...] = ()) -> dict[str, object]:

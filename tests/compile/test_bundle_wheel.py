@@ -265,6 +265,7 @@ def test_diff_lists_added_removed_changed_and_the_size_delta(small_build, wheel,
             del m["files"][dropped[key]["file"]]
         m["files"][kept["cubin"]["file"]] = digest
         m["kernels"][0]["cubin"].update(sha256=digest, bytes=kept["cubin"]["bytes"] + 100)
+        m["tuning"] = {"device": "simulated", "table": {"bucket-x": kept["id"]}, "measurements": {}}
 
     rewrite_manifest(new, edit)
     result = CliRunner().invoke(main, ["diff", "--format", "json", str(small_build.path), str(new)])
@@ -276,6 +277,7 @@ def test_diff_lists_added_removed_changed_and_the_size_delta(small_build, wheel,
     assert changed["fields"]["cubin.bytes"] == [kept["cubin"]["bytes"], kept["cubin"]["bytes"] + 100]
     assert set(changed["fields"]) == {"cubin.bytes", "cubin.sha256"}
     assert d["bundle"]["bundle.version"] == [manifest_of(small_build.path)["bundle"]["version"], "9.9.9"]
+    assert d["bundle"]["tuning.table.bucket-x"] == [None, kept["id"]]
     assert d["size"]["delta_bytes"] == bundle_bytes(new) - bundle_bytes(small_build.path)
     back = json.loads(CliRunner().invoke(main, ["diff", "--format", "json", str(new), str(small_build.path)]).output)
     assert [k["id"] for k in back["added"]] == [dropped["id"]] and back["removed"] == []
@@ -283,6 +285,7 @@ def test_diff_lists_added_removed_changed_and_the_size_delta(small_build, wheel,
     assert re.search(rf"^-\s+{dropped['id']}\s+{dropped['cubin']['bytes']}\s+removed", text, re.M), text
     assert re.search(rf"^~\s+{kept['id']}\s+\+100\s+cubin.bytes", text, re.M), text
     assert "0 added, 1 removed, 1 changed" in text
+    assert "1 shape buckets measured on simulated" in CliRunner().invoke(main, ["inspect", str(new)]).output
     same = json.loads(CliRunner().invoke(main, ["diff", "--format", "json", str(small_build.path), str(wheel)]).output)
     assert (same["added"], same["removed"], same["changed"], same["bundle"]) == ([], [], [], {})
 
