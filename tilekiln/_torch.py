@@ -43,6 +43,12 @@ def _check_scale(name: str, scale, device: int) -> None:
             name=name, what=f"{scale.dtype} with {scale.numel()} elements on {scale.device}"))
 
 
+def _allocate(problem, dtype, device) -> torch.Tensor:
+    if problem.empty or problem.k == 0 or problem.c.lead == problem.n:
+        return torch.empty(problem.out_shape, dtype=dtype, device=device)
+    return torch.empty(problem.alloc_shape, dtype=dtype, device=device)[..., :problem.n]
+
+
 def torch_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream, kernel):
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
     key = ("scaled", a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.get_device(), b.get_device(),
@@ -55,7 +61,7 @@ def torch_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream, ke
             _check_scale(name, scale, plan.problem.device)
         bundle._plans[key] = plan
     if out is None:
-        out = torch.empty(plan.problem.out_shape, dtype=out_dtype, device=a.device)
+        out = _allocate(plan.problem, out_dtype, a.device)
     if plan.kernel_index < 0:
         if plan.problem.k == 0:
             out.zero_()
@@ -74,7 +80,7 @@ def torch_gemm(bundle, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | Non
                            kernel)
         bundle._plans[key] = plan
     if out is None:
-        out = torch.empty(plan.problem.out_shape, dtype=a.dtype, device=a.device)
+        out = _allocate(plan.problem, a.dtype, a.device)
     if plan.kernel_index < 0:
         if plan.problem.k == 0:
             out.zero_()

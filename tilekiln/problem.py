@@ -49,6 +49,11 @@ class GemmProblem:
         return f"{self.a_dtype}/{self.b_dtype}->{self.out_dtype}"
 
     @property
+    def alloc_shape(self) -> tuple[int, ...]:
+        """Shape of the buffer to allocate for the result (rows padded to ``c.lead``)."""
+        return self.out_shape[:-1] + (max(self.c.lead, self.n),)
+
+    @property
     def empty(self) -> bool:
         return self.m == 0 or self.n == 0 or self.batch == 0
 
@@ -74,20 +79,34 @@ def _normalize(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, .
     return tuple(out)
 
 
+# A row stride that is never used (the matrix has one row) still reaches the
+# TMA descriptor; this value is a multiple of 16 bytes for every element size.
+_UNUSED_STRIDE_ALIGN = 16
+
+
+def _unused_lead(length: int) -> int:
+    return max(1, -(-length // _UNUSED_STRIDE_ALIGN)) * _UNUSED_STRIDE_ALIGN
+
+
 def _matrix_layout(op: Operand, rows: int, cols: int, row_major: str, col_major: str) -> Layout2:
-    strides = _normalize(op.shape, op.strides)
-    s_rows, s_cols = strides[-2], strides[-1]
-    batch = strides[0] if len(op.shape) == 3 else 0
-    if s_cols == 1 and (s_rows >= cols or rows == 1):
-        return Layout2(row_major, s_rows if rows > 1 else cols, batch)
-    if s_rows == 1 and (s_cols >= rows or cols == 1):
-        return Layout2(col_major, s_cols if cols > 1 else rows, batch)
-    raise ValueError(f"{op.name}: strides {list(op.strides)} for shape {list(op.shape)} are not supported; "
-                     "one of the last two dimensions must be contiguous (stride 1), e.g. a transposed view "
-                     "is fine but a strided slice of both is not; call .contiguous() first")
+    """Majorness and strides of a (rows, cols) matrix; a size-1 dimension fits either majorness."""
+    s_rows, s_cols = op.strides[-2], op.strides[-1]
+    batch = op.strides[0] if len(op.shape) == 3 else 0
+    options = []
+    if (s_cols == 1 or cols == 1) and (rows == 1 or s_rows >= cols):
+        options.append(Layout2(row_major, s_rows if rows > 1 else _unused_lead(cols), batch))
+    if (s_rows == 1 or rows == 1) and (cols == 1 or s_cols >= rows):
+        options.append(Layout2(col_major, s_cols if cols > 1 else _unused_lead(rows), batch))
+    if not options:
+        raise ValueError(f"{op.name}: strides {list(op.strides)} for shape {list(op.shape)} are not supported; "
+                         "one of the last two dimensions must be contiguous (stride 1), e.g. a transposed view "
+                         "is fine but a strided slice of both is not; call .contiguous() first")
+    # Prefer the reading whose row stride is 16-byte friendly (a vector is both).
+    return max(options, key=lambda o: (o.lead % _UNUSED_STRIDE_ALIGN == 0, o.lead % 8 == 0, o.major == row_major))
 
 
 SCALED_INPUTS = ("e4m3", "e5m2")
+_ITEMSIZE = {"bf16": 2, "f16": 2, "f32": 4, "e4m3": 1, "e5m2": 1, "i8": 1, "u8": 1, "i32": 4}
 
 
 def make_problem(a: Operand, b: Operand, out: Operand | None, out_dtype: str | None = None) -> GemmProblem:
@@ -136,7 +155,13 @@ def make_problem(a: Operand, b: Operand, out: Operand | None, out_dtype: str | N
         la_op = Layout2(la_op.major, la_op.lead, 0)
     if (lb or 1) == 1 and batch > 1:
         lb_op = Layout2(lb_op.major, lb_op.lead, 0)
-    lc_op = Layout2("n", n, m * n) if out is None else _check_out(out, a, out_shape, out_dtype)
+    if out is None:
+        # Rows of a result we allocate start on 16-byte boundaries (TMA); when N
+        # is not a multiple of that, the result is a view of a padded buffer.
+        lead = -(-n * _ITEMSIZE[out_dtype] // 16) * 16 // _ITEMSIZE[out_dtype]
+        lc_op = Layout2("n", lead, m * lead)
+    else:
+        lc_op = _check_out(out, a, out_shape, out_dtype)
     # A batch of A rows times one B is a single taller GEMM when the batch
     # entries of A and C are laid out back to back: one launch, no stride-0 operand.
     fold = (batch > 1 and lb_op.batch == 0 and la_op.major == "k" and la == batch

@@ -34,14 +34,16 @@ def make_operands(kernel, batch, m, n, k, seed):
         b = torch.randn(batch, n, k, device="cuda", generator=g).to(getattr(torch, FP8[kernel.dtypes[1]]))
         return a, b.transpose(1, 2)
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[kernel.dtypes[0]]
-    if kernel.a_major == "k":
-        a = torch.randn(batch, m, k, device="cuda", dtype=dtype, generator=g)
-    else:
-        a = torch.randn(batch, k, m, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
-    if kernel.b_major == "n":
-        b = torch.randn(batch, k, n, device="cuda", dtype=dtype, generator=g)
-    else:
-        b = torch.randn(batch, n, k, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
+
+    def matrix(rows, cols, contiguous_rows):
+        """(batch, rows, cols); MN-major operands get a 16-byte-padded leading dimension."""
+        if contiguous_rows:
+            return torch.randn(batch, rows, cols, device="cuda", dtype=dtype, generator=g)
+        lead = (rows + 7) // 8 * 8
+        return torch.randn(batch, cols, lead, device="cuda", dtype=dtype, generator=g)[..., :rows].transpose(1, 2)
+
+    a = matrix(m, k, kernel.a_major == "k")
+    b = matrix(k, n, kernel.b_major == "n")
     return a, b
 
 

@@ -57,6 +57,20 @@ def test_broadcast_a_keeps_the_batch_with_a_zero_stride():
     assert not p.fold_batch and p.batch == 4 and p.a.batch == 0 and p.b.batch == 136 * 72
 
 
+def test_a_single_column_fits_either_majorness():
+    """K = 1: a (M, 1) view of an M-major buffer keeps its aligned lead instead of a stride of 1."""
+    p = make_problem(op("a", (464, 1), (1, 464)), op("b", (1, 339), (344, 1)), None)
+    assert (p.a.major, p.a.lead) == ("m", 464)
+    vec = make_problem(op("a", (1, 520)), op("b", (520, 264), (1, 520)), None)
+    assert vec.a.lead % 16 == 0
+
+
+def test_unaligned_n_allocates_a_padded_result():
+    p = make_problem(op("a", (64, 64)), op("b", (64, 339)), None)
+    assert p.out_shape == (64, 339) and p.c.lead == 344 and p.alloc_shape == (64, 344)
+    assert check_kernel(KERNELS[0], make_problem(op("a", (64, 64)), op("b", (64, 339), (1, 64)), None)) is None
+
+
 def test_zero_k_needs_no_layout():
     p = make_problem(op("a", (16, 0)), op("b", (0, 24)), None)
     assert p.k == 0 and p.out_shape == (16, 24)
