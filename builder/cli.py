@@ -268,3 +268,17 @@ def diff(old: str, new: str, fmt: str) -> None:
         click.echo(json.dumps(diff_json(result), indent=2))
     else:
         print_diff(result, Console(soft_wrap=True))
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@click.pass_context
+def tune(ctx: click.Context, bundle: str) -> None:
+    """Time the candidate kernels per shape bucket on this GPU and write the table into BUNDLE.
+
+    Options after BUNDLE go to `python3 -m tilekiln.tune` (see its --help):
+    --shapes, --dtype, --iters, --table-out.
+    """
+    from tilekiln.tune import main as tune_main
+
+    tune_main([bundle, *ctx.args])

@@ -10,6 +10,7 @@ that reader in the same change.
 from __future__ import annotations
 
 import hashlib
+import json
 import platform
 import subprocess
 from pathlib import Path
@@ -59,7 +60,26 @@ def make_manifest(arch: str, records: list[KernelRecord], validation: Validation
                        "build_host": f"{platform.machine()}-{platform.system().lower()}",
                        "catalog_files": list(validation.catalog.files)},
         "kernels": [_kernel(index, r) for index, r in enumerate(records)],
+        **_tuning(root, bundle_name(arch), {r.kernel_id for r in records}),
     }
+
+
+def _tuning(root: Path, bundle: str, kernel_ids: set[str]) -> dict:
+    """The measured selection table kept in ``catalog/tuning/<bundle>.json``, if any.
+
+    ``python3 -m tilekiln.tune`` writes the table into a bundle on a GPU machine;
+    committing that table here makes every later build ship it. Buckets whose
+    kernel is not in this bundle (removed from the catalog, or left out by
+    ``--only``) are dropped: the runtime falls back to its model there.
+    """
+    path = root / "catalog" / "tuning" / f"{bundle}.json"
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    table = {bucket: kid for bucket, kid in data.get("table", {}).items() if kid in kernel_ids}
+    measurements = {bucket: m for bucket, m in data.get("measurements", {}).items() if bucket in table}
+    return {"tuning": {"device": data.get("device", "unknown"), "table": dict(sorted(table.items())),
+                       "measurements": dict(sorted(measurements.items()))}}
 
 
 def _kernel(index: int, r: KernelRecord) -> dict:

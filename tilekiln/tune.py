@@ -1,6 +1,7 @@
 """Measure which kernel is fastest per shape bucket and ship the table in the bundle.
 
     python3 -m tilekiln.tune BUNDLE_DIR [--shapes 4096x4096x4096,...] [--dtype bf16|f16|e4m3]
+                             [--table-out catalog/tuning/<bundle>.json]
 
 Runs on a GPU with torch. For every shape it times each kernel whose contract
 accepts the problem (CUDA events, median of many launches after warm-up,
@@ -9,7 +10,9 @@ the winner under the problem's shape bucket (``select.shape_bucket``: dtype,
 layout and the power-of-two ceiling of M, N, K and batch). The table is
 written into ``manifest.json`` (``tuning.table``) and the manifest's digest is
 recomputed, atomically; the runtime then prefers the tuned kernel for every
-problem in that bucket whose contract it accepts.
+problem in that bucket whose contract it accepts. ``--table-out`` also writes
+the table as a file: committed as ``catalog/tuning/<bundle>.json``, every
+later build ships it (builder/manifest.py).
 """
 
 from __future__ import annotations
@@ -110,7 +113,8 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
     return table
 
 
-def write_table(bundle_dir: Path, table: dict[str, dict], device: str) -> None:
+def write_table(bundle_dir: Path, table: dict[str, dict], device: str) -> dict:
+    """Merge ``table`` into the bundle's manifest; returns the manifest's new ``tuning`` field."""
     path = bundle_dir / MANIFEST_NAME
     manifest = json.loads(path.read_text())
     existing = manifest.get("tuning", {}).get("table", {})
@@ -120,9 +124,15 @@ def write_table(bundle_dir: Path, table: dict[str, dict], device: str) -> None:
     manifest["tuning"] = {"device": device, "table": dict(sorted(merged.items())),
                           "measurements": dict(sorted(details.items()))}
     manifest["integrity"] = {"manifest_sha256": manifest_digest(manifest)}
-    fd, tmp = tempfile.mkstemp(dir=bundle_dir, prefix=".manifest-", suffix=".json")
+    _atomic_write(path, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return manifest["tuning"]
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
     with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -134,6 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--shapes", default=None, help="comma-separated MxNxK list (default: an LLM shape grid)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "e4m3"])
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--table-out", type=Path, default=None, help="also write the tuning table to this file")
     args = p.parse_args(argv)
     import torch
 
@@ -141,7 +152,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("tilekiln tune needs a CUDA GPU")
     shapes = parse_shapes(args.shapes) if args.shapes else DEFAULT_SHAPES
     table = tune(args.bundle, shapes, args.dtype, args.iters)
-    write_table(args.bundle, table, torch.cuda.get_device_name())
+    tuning = write_table(args.bundle, table, torch.cuda.get_device_name())
+    if args.table_out is not None:
+        _atomic_write(args.table_out, json.dumps(tuning, indent=2, sort_keys=True) + "\n")
     print(f"wrote {len(table)} buckets to {args.bundle / MANIFEST_NAME}", file=sys.stderr)
 
 
