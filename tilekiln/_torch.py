@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from tilekiln._native import ARGS
 from tilekiln._tensors import describe, torch_dtype_token
+from tilekiln.bundle import raise_misaligned
+from tilekiln.errors import LaunchError
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
@@ -59,7 +62,7 @@ def torch_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream, ke
                            kernel, torch_dtype_token(out_dtype))
         for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
             _check_scale(name, scale, plan.problem.device)
-        bundle._plans[key] = plan
+        bundle.remember(key, plan)
     if out is None:
         out = _allocate(plan.problem, out_dtype, a.device)
     if plan.kernel_index < 0:
@@ -72,20 +75,34 @@ def torch_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream, ke
 
 
 def torch_gemm(bundle, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, stream, kernel=None):
-    key = (a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.get_device(), b.get_device(),
-           None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()), kernel)
+    if out is None:
+        key = (a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.get_device(), b.get_device(), kernel)
+    else:
+        key = (a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.get_device(), b.get_device(), kernel,
+               out.shape, out.stride(), out.dtype, out.get_device())
     plan = bundle._plans.get(key)
     if plan is None:
         plan = bundle.plan(describe(a, "a"), describe(b, "b"), None if out is None else describe(out, "out"),
                            kernel)
-        bundle._plans[key] = plan
+        bundle.remember(key, plan)
     if out is None:
         out = _allocate(plan.problem, a.dtype, a.device)
     if plan.kernel_index < 0:
         if plan.problem.k == 0:
             out.zero_()
         return out
-    bundle.launch(plan, a.data_ptr(), b.data_ptr(), out.data_ptr(), _stream_handle(stream, plan.problem.device))
+    # The hot path, inlined: pointers, stream, one pack, one ctypes call.
+    pa, pb, pc = a.data_ptr(), b.data_ptr(), out.data_ptr()
+    if (pa | pb | pc) & 15:
+        raise_misaligned(pa, pb, pc)
+    device = plan.problem.device
+    handle = _raw_stream(device) if stream is None and _raw_stream is not None else _stream_handle(stream, device)
+    lib = bundle._lib
+    buf = lib.args_buffer()
+    ARGS.pack_into(buf, 0, pa, pb, pc, 0, 0, handle, *plan.static_args)
+    status = lib.launch(plan.kernel_index, buf)
+    if status:
+        raise LaunchError(plan.kernel_id, lib.error_name(status), lib.error_string(status))
     return out
 
 

@@ -48,6 +48,16 @@ class Plan:
 DeviceQuery = Callable[[int], DeviceInfo]
 
 
+PLAN_CACHE_LIMIT = 16384
+
+
+def raise_misaligned(pa: int, pb: int, pc: int) -> None:
+    for name, p in (("a", pa), ("b", pb), ("out", pc)):
+        if p & 15:
+            raise ValueError(f"{name}: data pointer 0x{p:x} is not 16-byte aligned (offset {p % 16}); "
+                             "the kernels load and store with TMA, which needs 16-byte aligned bases")
+
+
 class Bundle:
     """A verified bundle. ``device_query`` answers what device ``ordinal`` is; by default
     the bundle's library asks the driver (tests pass a simulated device)."""
@@ -165,10 +175,19 @@ class Bundle:
             raise NoKernelError(f"bundle {self.name} has no kernel for {problem.dtype} "
                                 f"{list(a.shape)} @ {list(b.shape)}:\n{choice}")
         k = choice.kernel
+        # Loading happens here, on the slow path, so a cached plan can launch directly.
+        self._ensure_ready(k.index, problem.device)
         clusters = max(1, self.device(problem.device).sm_count // k.cluster_size)
         static = (problem.a.lead, problem.a.batch, problem.b.lead, problem.b.batch, problem.c.lead,
                   problem.c.batch, problem.m, problem.n, problem.k, problem.batch, clusters, problem.device)
         return Plan(problem, k.index, k.id, static)
+
+    def remember(self, key: tuple, plan: Plan) -> None:
+        """Cache a plan; a process that sees very many distinct shapes starts over
+        rather than growing without bound (a plan is rebuilt in about 20 us)."""
+        if len(self._plans) >= PLAN_CACHE_LIMIT:
+            self._plans.clear()
+        self._plans[key] = plan
 
     def choose(self, problem: GemmProblem, kernel: str | None = None) -> Choice:
         kernels = self.kernels
@@ -217,12 +236,9 @@ class Bundle:
 
     def launch(self, plan: Plan, pa: int, pb: int, pc: int, stream: int, scale_a: int = 0,
                scale_b: int = 0) -> None:
+        """Launch a plan made by :meth:`plan` (which loaded its kernel on its device)."""
         if (pa | pb | pc) & 15:
-            for name, p in (("a", pa), ("b", pb), ("out", pc)):
-                if p & 15:
-                    raise ValueError(f"{name}: data pointer 0x{p:x} is not 16-byte aligned (offset {p % 16}); "
-                                     "the kernels load and store with TMA, which needs 16-byte aligned bases")
-        self._ensure_ready(plan.kernel_index, plan.problem.device)
+            raise_misaligned(pa, pb, pc)
         lib = self._lib
         buf = lib.args_buffer()
         _native.ARGS.pack_into(buf, 0, pa, pb, pc, scale_a, scale_b, stream, *plan.static_args)
