@@ -4,12 +4,15 @@ Costs no GPU time and answers the first performance questions: did the
 matrix instructions we meant come out (``HGMMA``/``QGMMA`` on Hopper,
 ``UTC*MMA`` on Blackwell), is there local-memory traffic (``LDL``/``STL``, a
 spill), how many registers does the kernel take. Uses the pinned
-``cuobjdump`` (with ``nvdisasm`` beside it for ``-sass``).
+``cuobjdump -res-usage`` (2 ms) for resources and ``nvdisasm -c -ndf`` for
+the census: the disassembly is the cost, 0.28 s of CPU per Hopper GEMM
+against 0.38 s for ``cuobjdump -sass`` (which runs nvdisasm with dataflow
+analysis the census does not read; identical counts on all 30 cubins of
+the default and benchmark catalogs). It runs in the compile workers.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import tempfile
@@ -17,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.toolchain import toolchain
+from builder.toolchain import cuda_binutils
 
 # Opcode families reported in the build report and the manifest.
 CENSUS_OPCODES = ("HGMMA", "QGMMA", "IGMMA", "UTCHMMA", "UTCQMMA", "UTCOMMA", "UTCIMMA",
@@ -25,7 +28,7 @@ CENSUS_OPCODES = ("HGMMA", "QGMMA", "IGMMA", "UTCHMMA", "UTCQMMA", "UTCOMMA", "U
 
 _RES_RE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
 _SASS_RE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
-_ARCH_RE = re.compile(r"code for (sm_\w+)")
+_ARCH_RE = re.compile(r"\.target\s+(sm_\w+)")
 
 
 @dataclass(frozen=True)
@@ -47,13 +50,12 @@ class CubinInfo:
 
 
 def inspect_cubin(cubin: bytes) -> CubinInfo:
-    tools = toolchain()
-    env = dict(os.environ, PATH=f"{tools.cuobjdump.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    tools = cuda_binutils()
     with tempfile.TemporaryDirectory(prefix="tilekiln-cubin-") as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
-        res = _run([str(tools.cuobjdump), "-res-usage", str(path)], env)
-        sass = _run([str(tools.cuobjdump), "-sass", str(path)], env)
+        res = _run([str(tools / "cuobjdump"), "-res-usage", str(path)])
+        sass = _run([str(tools / "nvdisasm"), "-c", "-ndf", str(path)])
     usage = _RES_RE.findall(res)
     if not usage:
         raise RuntimeError(f"cuobjdump printed no resource usage:\n{res[:500]}")
@@ -64,8 +66,8 @@ def inspect_cubin(cubin: bytes) -> CubinInfo:
     return CubinInfo(arch.group(1) if arch else "unknown", regs, stack, shared, local, census)
 
 
-def _run(cmd: list[str], env: dict) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+def _run(cmd: list[str]) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{Path(cmd[0]).name} failed: {proc.stderr.strip()[:500]}")
     return proc.stdout
