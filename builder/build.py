@@ -1,19 +1,25 @@
-"""The build: validated catalog -> rendered sources -> objects -> bundles.
+"""The build: validated catalog -> rendered sources -> objects -> bundles (or shards).
 
 ``build(request)`` runs the stages for every selected target arch:
 
 1. select kernels (``--pipeline``, ``--arch``, ``--only``, ``--shard``);
 2. render each to its CuTe DSL source and look its object up in the
-   content-addressed cache (key: source sha256, compile options, target
-   arch, toolchain fingerprint, compile protocol);
-3. compile the misses on the executor, keep going past failures;
-4. inspect every cubin (registers, spills, shared memory, SASS census) and
-   check the traced shared-memory size against the validator's model;
-5. link the passing kernels into one library (cached by its inputs) and
-   write the bundle atomically, with ``build-report.json``.
+   content-addressed cache (:func:`object_key`: source sha256, compile
+   options and environment, target arch, compiler and inspector
+   fingerprints, compile protocol);
+3. compile all misses on the executor (local pool or Ray) in one batch,
+   keeping going past failures; each worker also inspects its cubin
+   (registers, spills, shared memory, SASS census);
+4. check each fresh object's toolchain and traced shared-memory size
+   against this build's and the validator's model, and cache it at once;
+5. link the passing kernels into one library (cached by its inputs) and put
+   the bundle in place atomically, under its lock, leaving a bundle that is
+   already current untouched (``builder/publish.py``); a ``--shard`` build
+   writes its shard directory instead (``builder/shard.py``, combined by
+   ``builder/merge.py``).
 
-A failed kernel leaves the previous bundle in place unless
-``allow_partial`` asks for a bundle of what passed.
+A failed kernel leaves the previous bundle in place (the report goes beside
+it) unless ``allow_partial`` asks for a bundle of what passed.
 """
 
 from __future__ import annotations
