@@ -9,11 +9,11 @@ the native default would emit host code tuned to the build CPU), then
 exported with ``export_to_c`` under a content-derived symbol prefix.
 
 The worker also takes the cubin out of the object and inspects it
-(``builder.cubin``: registers, shared memory, SASS census), because the
-disassembly behind the census costs about 0.4 s of CPU per kernel and would
-otherwise run serially in the build process: with it there, 2 workers built
-16 kernels in 10.6 s against 11.0 s for one; with it here, see
-bench/results/build-*.json.
+(``builder.cubin``: registers, shared memory, SASS census). The disassembly
+behind the census costs about 0.3 s of CPU per kernel; done serially in the
+build process it capped any build near 150 kernels/min whatever the number
+of workers, and 2 workers took 10.6 s for the 16-kernel benchmark catalog
+against 9.5 s with it here (bench/results/build-2026-12-02.json).
 
 Measured on a 2-core build machine: 0.8 s to import the DSL once per worker,
 then 1-2 s per Hopper GEMM to trace, compile and export.
