@@ -184,7 +184,12 @@ def build(root: Path, out_dir, cache_dir, jobs, executor, pipeline, arch, only, 
         raise click.UsageError(str(exc)) from None
     try:
         result = run_build(request)
-        checked = check(request, result) if check_reproducible else None
+        checked = None
+        if check_reproducible:
+            if progress != "none":
+                click.echo("check-reproducible: building again from an empty cache in a temporary directory",
+                           err=True)
+            checked = check(request, result)
     except DiagnosticError as exc:
         _report(exc.diagnostics, fmt)
         sys.exit(EXIT_INVALID)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import builder.build as build_module
 from builder.build import BuildRequest, Selection, build
 from builder.cache import ContentCache
 from builder.cli import main as cli
@@ -148,6 +149,8 @@ def test_list_shows_what_is_cached_per_key_component(small, monkeypatch):
 
     assert cached() == {LARGE_ID: True, SMALL_ID: True}
     assert cached("--only", "*64x128*") == {SMALL_ID: True}
+    assert cached("--pipeline", "sm90", "--arch", "sm_90a") == {LARGE_ID: True, SMALL_ID: True}
+    assert cached("--shard", "1/2") == {LARGE_ID: True} and cached("--shard", "2/2") == {SMALL_ID: True}
     # Each toolchain component of the key: another compiler, inspector or host target is a miss.
     monkeypatch.setattr("builder.build.compiler_fingerprint", lambda: "another-dsl")
     assert cached() == {LARGE_ID: False, SMALL_ID: False}
@@ -308,7 +311,7 @@ def test_check_reproducible_names_a_file_that_differs(small, tmp_path, monkeypat
                            progress="none")
     first = build(request)
     # The clean rebuild gets a source that differs in one comment: only that kernel's files may differ.
-    real = __import__("builder.build", fromlist=["render_kernel"]).render_kernel
+    real = build_module.render_kernel
 
     def render(ctx):
         source = real(ctx)

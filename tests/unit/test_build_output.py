@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
+from builder import parallel
 from builder.build import BundleResult, BuildResult
 from builder.cli import main as cli
 from builder.cubin import CubinInfo
@@ -32,6 +34,22 @@ def test_plain_progress_is_one_line_per_compile_with_eta(capsys):
     assert lines[1].startswith("[4/5] compiled k1 (1.0s; failed 0; eta ")
     assert lines[2].startswith("[5/5] failed   k2 (0.5s; failed 1; eta 0s)")
     assert len(lines) == 3
+
+
+def test_rich_progress_runs_off_a_terminal_too(capsys):
+    with BuildProgress("rich", total=3, label="building sm90a", cached=1) as progress:
+        progress.advance("k1", "compiled", 1.0)
+        progress.advance("k2", "failed", 0.5)
+    err = capsys.readouterr().err
+    assert "3/3" in err and "failed 1" in err
+
+
+def test_default_workers_fit_cores_and_memory(monkeypatch):
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(parallel, "available_memory", lambda: 100 * 2**30)
+    assert parallel.default_jobs() == cores
+    monkeypatch.setattr(parallel, "available_memory", lambda: parallel.WORKER_MEMORY_BYTES * 3 // 2)
+    assert parallel.default_jobs() == 1
 
 
 def test_no_progress_prints_nothing(capsys):
