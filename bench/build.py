@@ -87,7 +87,7 @@ def statuses(report: dict) -> dict[str, int]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=5, help="runs of each rebuild measurement")
-    p.add_argument("--cold-repeats", type=int, default=3, help="cold builds at each worker count")
+    p.add_argument("--cold-repeats", type=int, default=5, help="cold builds at each worker count")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     results: dict[str, object] = {}
