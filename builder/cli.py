@@ -17,6 +17,7 @@ import click
 from builder import __version__
 from builder.diagnostics import Diagnostic, DiagnosticError, Severity, has_errors, render
 from builder.env import settings
+from builder.toolchain import ToolchainError
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 101
 FORMATS = click.Choice(["text", "json", "github"])
@@ -143,8 +144,10 @@ def _finish(result, check=None) -> None:
     ok = result.ok
     if check is not None:
         _report(check.diagnostics, "text")
-        if check.ok:
+        if check.ok and check.compared:
             click.echo(f"reproducible: {check.compared} files identical in a clean rebuild", err=True)
+        elif check.ok:
+            click.echo("check-reproducible: nothing to compare, this build wrote no output", err=True)
         ok = ok and check.ok
     sys.exit(EXIT_OK if ok else EXIT_INVALID)
 
@@ -193,7 +196,7 @@ def build(root: Path, out_dir, cache_dir, jobs, executor, pipeline, arch, only, 
     except DiagnosticError as exc:
         _report(exc.diagnostics, fmt)
         sys.exit(EXIT_INVALID)
-    except ExecutorError as exc:
+    except (ExecutorError, ToolchainError) as exc:
         click.echo(f"tilekiln: {exc}", err=True)
         sys.exit(EXIT_USAGE)
     _finish(result, checked)
@@ -222,6 +225,9 @@ def merge(root: Path, shard_dirs, out_dir, cache_dir, allow_partial, progress, f
     except DiagnosticError as exc:
         _report(exc.diagnostics, fmt)
         sys.exit(EXIT_INVALID)
+    except ToolchainError as exc:
+        click.echo(f"tilekiln: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
     _finish(result)
 
 
@@ -242,6 +248,9 @@ def list_kernels(root: Path, cache_dir, pipeline, arch, only, shard, fmt) -> Non
     except DiagnosticError as exc:
         _report(exc.diagnostics, "json" if fmt == "json" else "text")
         sys.exit(EXIT_INVALID)
+    except ToolchainError as exc:
+        click.echo(f"tilekiln: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
     if fmt == "json":
         click.echo(json.dumps(rows, indent=2))
     else:

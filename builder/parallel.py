@@ -87,7 +87,17 @@ class LocalExecutor:
         waiting = list(jobs)
         while waiting:
             broken = _Broken()
-            yield from _pool_run(waiting, self.jobs, broken)
+            finished = 0
+            for result in _pool_run(waiting, self.jobs, broken):
+                finished += 1
+                yield result
+            if broken.waiting and not broken.started and not finished:
+                # Not one job started: the workers cannot even start (the DSL does not import).
+                for job in broken.waiting:
+                    yield CompileFailure(job.kernel_id, job.arch,
+                                         f"the compile workers cannot start ({broken.reason}); "
+                                         "check that `import cutlass.cute` works in this environment", 0.0)
+                return
             waiting = broken.waiting
             for job in broken.started:
                 alone = _Broken()

@@ -14,9 +14,6 @@ from dataclasses import dataclass, field
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-MODES = ("auto", "rich", "plain", "none")
-
-
 @dataclass
 class BuildProgress:
     """``mode``: ``auto`` (bar on a tty, plain otherwise), ``rich``, ``plain`` or ``none``.

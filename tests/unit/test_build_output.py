@@ -14,6 +14,7 @@ from rich.console import Console
 from builder import parallel
 from builder.build import BundleResult, BuildResult
 from builder.cli import main as cli
+from builder.compile import CompileFailure, CompileJob
 from builder.cubin import CubinInfo
 from builder.diagnostics import DiagnosticError
 from builder.merge import _common_selection
@@ -21,6 +22,7 @@ from builder.progress import BuildProgress
 from builder.records import KernelRecord
 from builder.report import print_build_result
 from builder.shard import SHARD_FILE, SHARD_SCHEMA, load_shards
+from builder.toolchain import ToolchainError
 
 LONG_ID = "gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1"
 
@@ -50,6 +52,18 @@ def test_default_workers_fit_cores_and_memory(monkeypatch):
     assert parallel.default_jobs() == cores
     monkeypatch.setattr(parallel, "available_memory", lambda: parallel.WORKER_MEMORY_BYTES * 3 // 2)
     assert parallel.default_jobs() == 1
+
+
+def test_workers_that_cannot_start_fail_every_job_once(tmp_path, monkeypatch):
+    """A DSL that does not import (here a stand-in that raises) fails each job with the reason, and returns."""
+    fake = tmp_path / "site" / "cutlass"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('no DSL in this environment')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    jobs = [CompileJob(f"k{i}", "sm_90a", "") for i in range(3)]
+    results = list(parallel.LocalExecutor(2).run(jobs))
+    assert sorted(r.kernel_id for r in results) == ["k0", "k1", "k2"]
+    assert all(isinstance(r, CompileFailure) and "compile workers cannot start" in r.message for r in results)
 
 
 def test_no_progress_prints_nothing(capsys):
@@ -118,6 +132,17 @@ def test_shards_of_different_runs_do_not_merge(tmp_path):
     (problem,) = exc.value.diagnostics
     assert problem.rule == "SHARD-INCOMPLETE"
     assert "2/3, 3/3 missing" in problem.message and "shards 1 given twice" in problem.message
+
+
+@pytest.mark.parametrize("command", [["list"], ["build", "--progress", "none"]])
+def test_a_missing_toolchain_piece_is_a_usage_error_not_a_traceback(command, root, tmp_path, monkeypatch):
+    def missing():
+        raise ToolchainError("the build toolchain needs the nvidia-cutlass-dsl wheel")
+
+    monkeypatch.setattr("builder.build.compiler_fingerprint", missing)
+    res = CliRunner().invoke(cli, ["--root", str(root), *command, "--cache", str(tmp_path)])
+    assert res.exit_code == 2 and "needs the nvidia-cutlass-dsl wheel" in res.stderr
+    assert res.exception is None or isinstance(res.exception, SystemExit)
 
 
 def test_merge_of_a_missing_directory_is_a_usage_error(tmp_path, root):
