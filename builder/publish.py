@@ -123,13 +123,21 @@ def tree_digests(directory: Path) -> dict[str, str] | None:
 
 
 def remove_leftovers(final: Path) -> int:
-    """Remove staging and old trees of ``final`` that killed writers left; call under its lock."""
-    pattern = re.compile(rf"\.(staging|old)-{re.escape(final.name)}-[0-9a-f]{{12}}")
+    """Remove what killed writers of ``final`` left: staging and old trees beside it and
+    half-written reports beside and in it. Call under its lock, when no writer is alive."""
+    name = re.escape(final.name)
+    beside = re.compile(rf"\.(staging|old)-{name}-[0-9a-f]{{12}}|\.{name}\.{re.escape(REPORT_NAME)}\.[0-9a-f]{{12}}\.tmp")
+    inside = re.compile(rf"\.{re.escape(REPORT_NAME)}\.[0-9a-f]{{12}}\.tmp")
     removed = 0
-    if final.parent.is_dir():
-        for path in final.parent.iterdir():
+    for directory, pattern in ((final.parent, beside), (final, inside)):
+        if not directory.is_dir():
+            continue
+        for path in directory.iterdir():
             if pattern.fullmatch(path.name):
-                shutil.rmtree(path, ignore_errors=True)
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
                 removed += 1
     return removed
 
@@ -137,7 +145,7 @@ def remove_leftovers(final: Path) -> int:
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` in one rename; a reader sees the old or the new file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         _write_synced(tmp, data)
         os.replace(tmp, path)

@@ -282,6 +282,26 @@ def test_kill_9_during_link_then_rerun(small, tmp_path):
     assert not list((cache / "tmp").iterdir())
 
 
+def test_kill_9_at_many_moments_never_leaves_a_partial_bundle(small, tmp_path):
+    """Kills spread over a build that links and publishes (start-up, link, swap): after each,
+    the bundle is absent or complete, every cache entry verifies, and the next build finishes."""
+    out, cache = tmp_path / "out", copy_cache(small, tmp_path / "cache", keep=("kernel",))
+    for delay in (0.3, 0.45, 0.6, 0.75, 0.9, 1.2):
+        proc = cli_process(small.project, out, cache, "--progress", "none")
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if (out / "sm90a").exists():
+            assert tree_digests(out / "sm90a") == small.digests(), f"partial bundle after a kill at {delay}s"
+        all_entries_valid(cache)
+        shutil.rmtree(out / "sm90a", ignore_errors=True)
+        for entry in (cache / "v1" / "library").glob("*/*"):
+            shutil.rmtree(entry)
+    assert run(small.project, out, cache).ok
+    assert tree_digests(out / "sm90a") == small.digests()
+    assert [p.name for p in out.iterdir() if p.name.startswith(".") and p.name != ".locks"] == []
+
+
 def test_two_builds_sharing_cache_and_output_at_once(small, tmp_path):
     out, cache = tmp_path / "out", tmp_path / "cache"
     procs = [cli_process(small.project, out, cache, "-j", "1", "--progress", "none") for _ in range(2)]

@@ -194,8 +194,12 @@ def test_remove_leftovers_matches_only_its_own_output(tmp_path):
     for name in (".staging-sm90a-0123456789ab", ".old-sm90a-0123456789ab", ".staging-sm90af-0123456789ab",
                  "sm90a"):
         (tmp_path / name).mkdir()
-    assert remove_leftovers(tmp_path / "sm90a") == 2
+    (tmp_path / ".sm90a.build-report.json.0123456789ab.tmp").write_text("half")
+    (tmp_path / "sm90a" / ".build-report.json.0123456789ab.tmp").write_text("half")
+    (tmp_path / "sm90a" / "manifest.json").write_text("{}")
+    assert remove_leftovers(tmp_path / "sm90a") == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == [".staging-sm90af-0123456789ab", "sm90a"]
+    assert [p.name for p in (tmp_path / "sm90a").iterdir()] == ["manifest.json"]
 
 
 def test_compare_trees_names_every_differing_file(tmp_path):
