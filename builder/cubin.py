@@ -4,15 +4,12 @@ Costs no GPU time and answers the first performance questions: did the
 matrix instructions we meant come out (``HGMMA``/``QGMMA`` on Hopper,
 ``UTC*MMA`` on Blackwell), is there local-memory traffic (``LDL``/``STL``, a
 spill), how many registers does the kernel take. Uses the pinned
-``cuobjdump -res-usage`` (2 ms) for resources and ``nvdisasm -c -ndf`` for
-the census: the disassembly is the cost, 0.28 s of CPU per Hopper GEMM
-against 0.38 s for ``cuobjdump -sass`` (which runs nvdisasm with dataflow
-analysis the census does not read; identical counts on all 30 cubins of
-the default and benchmark catalogs). It runs in the compile workers.
+``cuobjdump`` (with ``nvdisasm`` beside it for ``-sass``).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import tempfile
@@ -50,12 +47,17 @@ class CubinInfo:
 
 
 def inspect_cubin(cubin: bytes) -> CubinInfo:
+    """Runs in the compile workers. The disassembly is the cost: the census reads
+    ``nvdisasm -c -ndf`` (0.28 s of CPU per Hopper GEMM) rather than ``cuobjdump
+    -sass`` (0.38 s: nvdisasm plus a dataflow analysis the census does not read;
+    identical counts on all 30 cubins of the default and benchmark catalogs)."""
     tools = cuda_binutils()
+    env = dict(os.environ, PATH=f"{tools}{os.pathsep}{os.environ.get('PATH', '')}")
     with tempfile.TemporaryDirectory(prefix="tilekiln-cubin-") as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
-        res = _run([str(tools / "cuobjdump"), "-res-usage", str(path)])
-        sass = _run([str(tools / "nvdisasm"), "-c", "-ndf", str(path)])
+        res = _run([str(tools / "cuobjdump"), "-res-usage", str(path)], env)
+        sass = _run([str(tools / "nvdisasm"), "-c", "-ndf", str(path)], env)
     usage = _RES_RE.findall(res)
     if not usage:
         raise RuntimeError(f"cuobjdump printed no resource usage:\n{res[:500]}")
@@ -66,8 +68,8 @@ def inspect_cubin(cubin: bytes) -> CubinInfo:
     return CubinInfo(arch.group(1) if arch else "unknown", regs, stack, shared, local, census)
 
 
-def _run(cmd: list[str]) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+def _run(cmd: list[str], env: dict) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{Path(cmd[0]).name} failed: {proc.stderr.strip()[:500]}")
     return proc.stdout
