@@ -1,19 +1,25 @@
-"""The build: validated catalog -> rendered sources -> objects -> bundles.
+"""The build: validated catalog -> rendered sources -> objects -> bundles (or shards).
 
 ``build(request)`` runs the stages for every selected target arch:
 
 1. select kernels (``--pipeline``, ``--arch``, ``--only``, ``--shard``);
 2. render each to its CuTe DSL source and look its object up in the
-   content-addressed cache (key: source sha256, compile options, target
-   arch, toolchain fingerprint, compile protocol);
-3. compile the misses on the executor, keep going past failures;
-4. inspect every cubin (registers, spills, shared memory, SASS census) and
-   check the traced shared-memory size against the validator's model;
-5. link the passing kernels into one library (cached by its inputs) and
-   write the bundle atomically, with ``build-report.json``.
+   content-addressed cache (:func:`object_key`: source sha256, compile
+   options and environment, target arch, compiler and inspector
+   fingerprints, compile protocol);
+3. compile all misses on the executor (local pool or Ray) in one batch,
+   keeping going past failures; each worker also inspects its cubin
+   (registers, spills, shared memory, SASS census);
+4. check each fresh object's toolchain and traced shared-memory size
+   against this build's and the validator's model, and cache it at once;
+5. link the passing kernels into one library (cached by its inputs) and put
+   the bundle in place atomically, under its lock, leaving a bundle that is
+   already current untouched (``builder/publish.py``); a ``--shard`` build
+   writes its shard directory instead (``builder/shard.py``, combined by
+   ``builder/merge.py``).
 
-A failed kernel leaves the previous bundle in place unless
-``allow_partial`` asks for a bundle of what passed.
+A failed kernel leaves the previous bundle in place (the report goes beside
+it) unless ``allow_partial`` asks for a bundle of what passed.
 """
 
 from __future__ import annotations
@@ -26,22 +32,24 @@ from pathlib import Path
 
 from builder.bundle import BundleFile, bundle_name, library_name, write_bundle
 from builder.cache import ContentCache, canonical_key
-from builder.compile import CompileFailure, CompileJob, CompileOutput
-from builder.cubin import CubinInfo, inspect_cubin
+from builder.compile import COMPILE_ENV, CompileFailure, CompileJob, CompileOutput
 from builder.diagnostics import Diagnostic, DiagnosticError, Location, Severity
-from builder.link import LinkInput, link_library, render_glue
+from builder.link import LinkInput, link_library, link_recipe, render_glue
 from builder.manifest import make_manifest
-from builder.objfile import EntryPoints, ObjectFormatError, cubins, entry_points, fatbin
 from builder.parallel import Executor
 from builder.progress import BuildProgress
+from builder.publish import REPORT_NAME, bundle_is_current, bundle_output, publish_failure_report, write_atomic
+from builder.records import KernelRecord, record_from_meta
 from builder.render import render_kernel
 from builder.rules import KernelContext
-from builder.toolchain import toolchain
+from builder.shard import write_shard
+from builder.toolchain import compiler_fingerprint, inspector_fingerprint, toolchain
 from builder.validate import Project, Validation, validate_project
 
 # Bump when compile.py changes what it feeds the DSL or how it exports.
-COMPILE_PROTOCOL = 1
-REPORT_NAME = "build-report.json"
+# 2: workers drop the caller's CUTE_DSL_* variables; results carry the toolchain.
+# 3: the census comes from nvdisasm -c -ndf (same counts, other tool, so new metadata).
+COMPILE_PROTOCOL = 3
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,12 @@ class Selection:
             pairs = [p for i, p in enumerate(pairs) if i % count == index - 1]
         return pairs
 
+    def unsharded(self) -> "Selection":
+        return Selection(self.pipelines, self.arches, self.only)
+
+    def describe(self) -> dict[str, tuple[str, ...]]:
+        return {"pipelines": self.pipelines, "arches": self.arches, "only": self.only}
+
 
 @dataclass(frozen=True)
 class BuildRequest:
@@ -81,43 +95,29 @@ class BuildRequest:
 
 
 @dataclass(frozen=True)
-class KernelRecord:
-    kernel_id: str
+class PlannedKernel:
+    """One kernel for one target, rendered, with the cache key of its object."""
+
     arch: str
-    status: str  # compiled | cached | failed
-    seconds: float
-    error: str = ""
-    ctx: KernelContext | None = None
-    source: str = ""
-    object_bytes: bytes = b""
-    cubin: bytes = b""
-    info: CubinInfo | None = None
-    entry: EntryPoints | None = None
+    ctx: KernelContext
+    job: CompileJob
+    key: str
 
     @property
-    def ok(self) -> bool:
-        return self.status != "failed"
-
-    def report(self) -> dict:
-        row = {"kernel": self.kernel_id, "arch": self.arch, "status": self.status,
-               "compile_seconds": round(self.seconds, 3)}
-        if self.info is not None:
-            row.update(registers=self.info.registers, spills=self.info.spills,
-                       local_bytes=self.info.local_bytes, stack_bytes=self.info.stack_bytes,
-                       smem_bytes=self.ctx.plan.smem.total if self.ctx else None,
-                       cubin_bytes=len(self.cubin), sass=dict(self.info.census))
-        if self.error:
-            row["error"] = "\n".join(self.error.strip().splitlines()[:12])
-        return row
+    def kernel_id(self) -> str:
+        return self.job.kernel_id
 
 
 @dataclass(frozen=True)
 class BundleResult:
+    """One bundle's outcome; for a shard build, ``path`` is the shard directory."""
+
     bundle: str
     arch: str
     records: tuple[KernelRecord, ...]
     path: Path | None
     report_path: Path
+    shard: tuple[int, int] | None = None
 
     @property
     def failed(self) -> tuple[KernelRecord, ...]:
@@ -134,101 +134,133 @@ class BuildResult:
         return all(not b.failed for b in self.bundles)
 
 
-def build(request: BuildRequest) -> BuildResult:
-    validation = validate_project(Project(request.root))
+def validated(root: Path) -> Validation:
+    validation = validate_project(Project(root))
     errors = [d for d in validation.diagnostics if d.severity is Severity.ERROR]
     if errors:
         raise DiagnosticError(errors)
-    planned = request.selection.planned(validation)
-    if not planned:
-        raise DiagnosticError([Diagnostic("BUILD-EMPTY", "the selection matches no kernel",
-                                          Location("catalog"), "check --pipeline, --arch and --only")])
+    return validation
+
+
+def plan(validation: Validation, selection: Selection) -> list[PlannedKernel]:
+    """Render every selected kernel and key its object; no file is read but the templates."""
+    out = []
+    for arch, ctx in selection.planned(validation):
+        job = CompileJob(ctx.entry.kernel_id, arch, render_kernel(ctx).text)
+        out.append(PlannedKernel(arch, ctx, job, object_key(job)))
+    return out
+
+
+def build(request: BuildRequest) -> BuildResult:
+    validation = validated(request.root)
+    arches = sorted({a for a, _ in request.selection.unsharded().planned(validation)})
+    if not arches:
+        raise DiagnosticError([_empty_selection(validation, request.selection)])
+    planned = plan(validation, request.selection)
     cache = ContentCache(request.cache_dir)
+    cache.sweep()
+    records = compile_kernels(planned, cache, request, f"building {', '.join(bundle_name(a) for a in arches)}")
     results = []
-    for arch in sorted({a for a, _ in planned}):
-        kernels = [ctx for a, ctx in planned if a == arch]
-        records = compile_kernels(arch, kernels, cache, request)
-        results.append(write_bundle_for(arch, records, validation, cache, request))
+    for arch in arches:
+        mine = [r for r in records if r.arch == arch]
+        if request.selection.shard is None:
+            results.append(write_bundle_for(arch, mine, validation, cache, request))
+        else:
+            results.append(write_shard_for(arch, mine, request))
     return BuildResult(tuple(results), tuple(validation.diagnostics))
 
 
+def _empty_selection(validation: Validation, selection: Selection) -> Diagnostic:
+    pipelines = sorted({ctx.entry.config.pipeline for ctx in validation.kernels})
+    arches = sorted({a for ctx in validation.kernels for a in ctx.entry.targets})
+    return Diagnostic("BUILD-EMPTY", "the selection matches no kernel", Location("catalog"),
+                      f"check --pipeline, --arch and --only; the catalog has pipelines {', '.join(pipelines)} "
+                      f"and targets {', '.join(arches)}; `tilekiln list` shows the kernel ids",
+                      facts={k: list(v) for k, v in selection.describe().items()})
+
+
 def object_key(job: CompileJob) -> str:
-    tools = toolchain()
+    """Everything that decides the cached object and its metadata, and nothing else."""
     return canonical_key({"kind": "kernel", "protocol": COMPILE_PROTOCOL, "arch": job.arch,
-                          "options": job.options, "source_sha256": hashlib.sha256(job.source.encode()).hexdigest(),
-                          "toolchain": tools.fingerprint})
+                          "options": job.options, "env": [list(e) for e in COMPILE_ENV],
+                          "source_sha256": hashlib.sha256(job.source.encode()).hexdigest(),
+                          "compiler": compiler_fingerprint(), "inspector": inspector_fingerprint()})
 
 
-def compile_kernels(arch: str, kernels: list[KernelContext], cache: ContentCache,
-                    request: BuildRequest) -> list[KernelRecord]:
-    jobs = {ctx.entry.kernel_id: (ctx, CompileJob(ctx.entry.kernel_id, arch, render_kernel(ctx).text))
-            for ctx in kernels}
-    records: dict[str, KernelRecord] = {}
-    misses = []
-    with BuildProgress(request.progress, len(jobs), f"building {bundle_name(arch)}") as progress:
-        for kid, (ctx, job) in jobs.items():
-            hit = cache.get("kernel", object_key(job))
-            if hit is None:
-                misses.append(job)
-                continue
-            records[kid] = _record_from_cache(ctx, job, hit)
-            progress.advance(kid, "cached", 0.0)
-        for result in request.executor.run(misses):
-            ctx, job = jobs[result.kernel_id]
-            record = _record_from_result(ctx, job, result, cache)
-            records[result.kernel_id] = record
+def compile_kernels(planned: list[PlannedKernel], cache: ContentCache, request: BuildRequest,
+                    label: str) -> list[KernelRecord]:
+    """Records of ``planned``, by (arch, id): cache hits, then the misses as the executor finishes them.
+
+    All targets' misses go to the executor in one batch, so its workers stay
+    busy across bundles. Each fresh object goes into the cache as soon as it
+    is checked, so a build killed midway resumes from every kernel it finished.
+    """
+    records: dict[tuple[str, str], KernelRecord] = {}
+    misses: dict[tuple[str, str], PlannedKernel] = {}
+    for p in planned:
+        hit = cache.get("kernel", p.key)
+        if hit is None:
+            misses[p.arch, p.kernel_id] = p
+        else:
+            records[p.arch, p.kernel_id] = record_from_meta(
+                p.kernel_id, p.arch, "cached", hit.meta["seconds"], hit.meta, ctx=p.ctx, source=p.job.source,
+                key=p.key, object_bytes=hit.read("kernel.o"), cubin=hit.read("kernel.cubin"))
+    with BuildProgress(request.progress, len(planned), label, cached=len(records)) as progress:
+        for result in request.executor.run([p.job for p in misses.values()]):
+            record = _record_from_result(misses[result.arch, result.kernel_id], result, cache)
+            records[record.arch, record.kernel_id] = record
             progress.advance(record.kernel_id, record.status, record.seconds)
-    return [records[kid] for kid in sorted(records)]
+    return [records[k] for k in sorted(records)]
 
 
-def _record_from_cache(ctx: KernelContext, job: CompileJob, hit) -> KernelRecord:
-    meta = hit.meta
-    info = CubinInfo(meta["cubin"]["arch"], meta["cubin"]["registers"], meta["cubin"]["stack_bytes"],
-                     meta["cubin"]["static_smem_bytes"], meta["cubin"]["local_bytes"],
-                     tuple((k, v) for k, v in meta["cubin"]["census"]))
-    return KernelRecord(job.kernel_id, job.arch, "cached", meta["seconds"], ctx=ctx, source=job.source,
-                        object_bytes=hit.read("kernel.o"), cubin=hit.read("kernel.cubin"), info=info,
-                        entry=EntryPoints(**meta["entry"]))
-
-
-def _record_from_result(ctx: KernelContext, job: CompileJob, result: CompileOutput | CompileFailure,
+def _record_from_result(p: PlannedKernel, result: CompileOutput | CompileFailure,
                         cache: ContentCache) -> KernelRecord:
+    ctx, job = p.ctx, p.job
+
+    def failed(message: str) -> KernelRecord:
+        return KernelRecord(job.kernel_id, job.arch, "failed", result.seconds, error=message, ctx=ctx,
+                            source=job.source, key=p.key)
+
     if isinstance(result, CompileFailure):
-        return KernelRecord(job.kernel_id, job.arch, "failed", result.seconds, error=result.message, ctx=ctx,
-                            source=job.source)
-    try:
-        entry = entry_points(result.object_bytes, result.prefix)
-        cubin = cubins(fatbin(result.object_bytes))[0]
-        info = inspect_cubin(cubin)
-    except (ObjectFormatError, RuntimeError) as exc:
-        return KernelRecord(job.kernel_id, job.arch, "failed", result.seconds, error=str(exc), ctx=ctx)
+        return failed(result.message)
+    local = (compiler_fingerprint(), inspector_fingerprint())
+    if result.toolchain != local:
+        return failed(f"TOOLCHAIN-MISMATCH: the worker that compiled this kernel has toolchain "
+                      f"{'/'.join(t[:12] for t in result.toolchain)}, this build {'/'.join(t[:12] for t in local)}; "
+                      "install the same tilekiln[build] wheels (and Python minor version) on every executor node")
+    cubin, info = result.cubin, result.info
     expected = ctx.plan.smem.dynamic_bytes
     if result.traced_smem_bytes != expected or info.static_smem_bytes != ctx.plan.smem.static_bytes:
-        return KernelRecord(job.kernel_id, job.arch, "failed", result.seconds, ctx=ctx, error=(
+        return failed(
             f"SMEM-MODEL: the kernel uses {result.traced_smem_bytes} B dynamic + {info.static_smem_bytes} B "
             f"static shared memory but the validator's model says {expected} + {ctx.plan.smem.static_bytes}; "
-            "fix builder/derive.py or the template so they agree"))
-    meta = {"seconds": result.seconds, "entry": entry.__dict__, "traced_smem_bytes": result.traced_smem_bytes,
-            "cubin": {"arch": info.arch, "registers": info.registers, "stack_bytes": info.stack_bytes,
-                      "static_smem_bytes": info.static_smem_bytes, "local_bytes": info.local_bytes,
-                      "census": [list(c) for c in info.census]}}
-    cache.put("kernel", object_key(job), {"kernel.o": result.object_bytes, "kernel.cubin": cubin}, meta)
-    return KernelRecord(job.kernel_id, job.arch, "compiled", result.seconds, ctx=ctx, source=job.source,
-                        object_bytes=result.object_bytes, cubin=cubin, info=info, entry=entry)
+            "fix builder/derive.py or the template so they agree")
+    record = KernelRecord(job.kernel_id, job.arch, "compiled", result.seconds, ctx=ctx, source=job.source,
+                          object_bytes=result.object_bytes, cubin=cubin, info=info, entry=result.entry, key=p.key,
+                          traced_smem_bytes=result.traced_smem_bytes)
+    cache.put("kernel", p.key, {"kernel.o": result.object_bytes, "kernel.cubin": cubin},
+              {"seconds": result.seconds, **record.artifact_meta()})
+    return record
+
+
+def _report_bytes(arch: str, records: list[KernelRecord], shard: tuple[int, int] | None = None) -> bytes:
+    passed = sum(r.ok for r in records)
+    report = {"bundle": bundle_name(arch), "arch": arch, "kernels": [r.report() for r in records],
+              "passed": passed, "failed": len(records) - passed}
+    if shard is not None:
+        report["shard"] = list(shard)
+    return (json.dumps(report, indent=2) + "\n").encode()
 
 
 def write_bundle_for(arch: str, records: list[KernelRecord], validation: Validation, cache: ContentCache,
                      request: BuildRequest) -> BundleResult:
+    """Link what passed and put the bundle in place, unless a failure keeps the previous one."""
     bundle = bundle_name(arch)
     passed = [r for r in records if r.ok]
     failed = [r for r in records if not r.ok]
-    report = {"bundle": bundle, "arch": arch, "kernels": [r.report() for r in records],
-              "passed": len(passed), "failed": len(failed)}
-    report_bytes = (json.dumps(report, indent=2) + "\n").encode()
+    report_bytes = _report_bytes(arch, records)
     if (failed and not request.allow_partial) or not passed:
-        report_path = request.out_dir / f"{bundle}.{REPORT_NAME}"
-        request.out_dir.mkdir(parents=True, exist_ok=True)
-        report_path.write_bytes(report_bytes)
+        report_path = publish_failure_report(request.out_dir, bundle, report_bytes)
         return BundleResult(bundle, arch, tuple(records), None, report_path)
     library = link_cached(bundle, passed, cache)
     files = [BundleFile(f"lib/{library_name(bundle)}", library)]
@@ -236,25 +268,34 @@ def write_bundle_for(arch: str, records: list[KernelRecord], validation: Validat
         files.append(BundleFile(f"cubins/{r.kernel_id}.cubin", r.cubin))
         files.append(BundleFile(f"sources/{r.kernel_id}.py", r.source.encode()))
     manifest = make_manifest(arch, passed, validation, request.root)
-    path = write_bundle(request.out_dir, bundle, files, manifest,
-                        extra={REPORT_NAME: report_bytes})
+    with bundle_output(request.out_dir, bundle) as path:
+        if bundle_is_current(path, files, manifest):
+            write_atomic(path / REPORT_NAME, report_bytes)
+        else:
+            write_bundle(request.out_dir, bundle, files, manifest, extra={REPORT_NAME: report_bytes})
     return BundleResult(bundle, arch, tuple(records), path, path / REPORT_NAME)
 
 
+def write_shard_for(arch: str, records: list[KernelRecord], request: BuildRequest) -> BundleResult:
+    index, count = request.selection.shard
+    path = write_shard(request.out_dir, arch, index, count, request.selection.describe(), records,
+                       _report_bytes(arch, records, request.selection.shard))
+    return BundleResult(bundle_name(arch), arch, tuple(records), path, path / REPORT_NAME, (index, count))
+
+
 def link_cached(bundle: str, records: list[KernelRecord], cache: ContentCache) -> bytes:
+    """The bundle's library, keyed by every link input: glue, objects, shim, flags and toolchain."""
     inputs = [LinkInput(r.kernel_id, r.object_bytes, r.entry) for r in records]
-    key = canonical_key({"kind": "library", "glue": render_glue(bundle, inputs),
+    key = canonical_key({"kind": "library", "glue": render_glue(bundle, inputs), "recipe": link_recipe(),
                          "objects": [hashlib.sha256(r.object_bytes).hexdigest() for r in records],
                          "toolchain": toolchain().fingerprint, "bundle": bundle})
     hit = cache.get("library", key)
     if hit is not None:
         return hit.read("lib.so")
-    out = cache.root / "tmp" / f"link-{key}.so"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
+    # The file name becomes the soname, so it is the library's own, in a private directory.
+    with cache.scratch("link") as work:
+        out = work / library_name(bundle)
         link_library(bundle, inputs, out)
         data = out.read_bytes()
-    finally:
-        out.unlink(missing_ok=True)
     cache.put("library", key, {"lib.so": data}, {"bundle": bundle})
     return data

@@ -15,6 +15,9 @@ Concurrency model:
 * A read verifies ``meta.json`` (its full key must match: the directory name
   alone is never trusted) and every file's sha256. A corrupt entry is a miss;
   it is moved to ``<root>/quarantine/`` so the next write can replace it.
+* Temporary names carry the host and process id, so :meth:`ContentCache.sweep`
+  can remove what killed processes of this host left behind without touching
+  a live writer's work (the cache may be shared between machines).
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping
 
 from filelock import FileLock
 
@@ -70,9 +75,43 @@ class ContentCache:
             self._quarantine(kind, key, directory)
         return entry
 
+    def temp_path(self, label: str) -> Path:
+        """A fresh path under ``<root>/tmp`` that :meth:`sweep` recognises once its writer is dead."""
+        directory = self.root / "tmp"
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory / f"{label}.{_HOST}.{os.getpid()}.{uuid.uuid4().hex}"
+
+    @contextmanager
+    def scratch(self, label: str) -> Iterator[Path]:
+        """A private working directory under ``<root>/tmp``, removed afterwards."""
+        path = self.temp_path(label)
+        path.mkdir()
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def sweep(self) -> int:
+        """Remove temporary files and directories of dead processes of this host; return how many."""
+        removed = 0
+        try:
+            children = list((self.root / "tmp").iterdir())
+        except OSError:
+            return 0
+        for path in children:
+            parts = path.name.rsplit(".", 3)
+            if len(parts) != 4 or parts[1] != _HOST or not parts[2].isdigit() or _alive(int(parts[2])):
+                continue
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed += 1
+        return removed
+
     def put(self, kind: str, key: str, files: Mapping[str, bytes], meta: Mapping[str, object]) -> CacheEntry:
-        tmp = self.root / "tmp" / f"{key}.{os.getpid()}.{uuid.uuid4().hex}"
-        tmp.mkdir(parents=True)
+        tmp = self.temp_path(key)
+        tmp.mkdir()
         try:
             for name, data in files.items():
                 _write_synced(tmp / name, data)
@@ -113,6 +152,20 @@ class ContentCache:
             os.rename(directory, target)
         except OSError:
             pass  # another process moved or replaced it first
+
+
+# Dots would break the ``label.host.pid.uuid`` split of temporary names.
+_HOST = socket.gethostname().replace(".", "_")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _write_synced(path: Path, data: bytes) -> None:

@@ -17,6 +17,7 @@ import click
 from builder import __version__
 from builder.diagnostics import Diagnostic, DiagnosticError, Severity, has_errors, render
 from builder.env import settings
+from builder.toolchain import ToolchainError
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 101
 FORMATS = click.Choice(["text", "json", "github"])
@@ -117,64 +118,139 @@ def _selection(pipeline, arch, only, shard):
     return Selection(tuple(pipeline), tuple(arch), tuple(only), _parse_shard(shard))
 
 
+def _dirs(root: Path, out_dir: str | None, cache_dir: str | None) -> tuple[Path, Path]:
+    cfg = settings(root)
+    return (Path(out_dir).resolve() if out_dir else cfg.artifacts_dir,
+            Path(cache_dir).resolve() if cache_dir else cfg.cache_dir)
+
+
+OUT_OPTION = click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+                          help="output directory (default: $TILEKILN_ARTIFACTS or artifacts/)")
+CACHE_OPTION = click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None,
+                            help="cache directory (default: $TILEKILN_CACHE_DIR or artifacts/.cache)")
+PARTIAL_OPTION = click.option("--allow-partial", is_flag=True,
+                              help="if a kernel fails, still write a bundle of the kernels that passed")
+PROGRESS_OPTION = click.option("--progress", type=click.Choice(["auto", "rich", "plain", "none"]), default="auto",
+                               show_default=True, help="rich bar, one line per compile (CI logs), or nothing")
+DIAGNOSTICS_FORMAT = click.option("--format", "fmt", type=FORMATS, default="text", show_default=True,
+                                  help="format of diagnostics if the catalog or the shards are invalid")
+
+
+def _finish(result, check=None) -> None:
+    """Print the outcome table(s) and exit: 1 if a kernel failed or the rebuild differed."""
+    from builder.report import print_build_result
+
+    print_build_result(result)
+    ok = result.ok
+    if check is not None:
+        _report(check.diagnostics, "text")
+        if check.ok and check.compared:
+            click.echo(f"reproducible: {check.compared} files identical in a clean rebuild", err=True)
+        elif check.ok:
+            click.echo("check-reproducible: nothing to compare, this build wrote no output", err=True)
+        ok = ok and check.ok
+    sys.exit(EXIT_OK if ok else EXIT_INVALID)
+
+
 @main.command()
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="output directory (default: artifacts/)")
-@click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None,
-              help="cache directory (default: $TILEKILN_CACHE_DIR or artifacts/.cache)")
+@OUT_OPTION
+@CACHE_OPTION
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="parallel compile workers (default: one per core, within memory)")
-@click.option("--executor", default="local", show_default=True, help="local, ray or ray=ADDRESS")
+@click.option("--executor", default="local", show_default=True,
+              help="local, ray (join or start a local Ray instance) or ray=ADDRESS")
 @click.option("--pipeline", multiple=True, help="build only this pipeline (repeatable)")
 @click.option("--arch", multiple=True, help="build only this target, e.g. sm_90a (repeatable)")
 @click.option("--only", multiple=True, metavar="PATTERN", help="build only kernel ids matching (glob)")
-@click.option("--shard", default=None, metavar="I/N", help="build the I-th of N deterministic shards")
-@click.option("--allow-partial", is_flag=True, help="write a bundle of the kernels that compiled")
-@click.option("--progress", type=click.Choice(["auto", "rich", "plain", "none"]), default="auto",
-              show_default=True)
-@click.option("--format", "fmt", type=FORMATS, default="text", show_default=True,
-              help="format of diagnostics if the catalog is invalid")
+@click.option("--shard", default=None, metavar="I/N",
+              help="build the I-th of N deterministic shards into artifacts/shards/ (combine with `merge`)")
+@PARTIAL_OPTION
+@click.option("--check-reproducible", is_flag=True,
+              help="then rebuild from an empty cache in a temporary directory and compare every artifact")
+@PROGRESS_OPTION
+@DIAGNOSTICS_FORMAT
 @click.pass_obj
 def build(root: Path, out_dir, cache_dir, jobs, executor, pipeline, arch, only, shard, allow_partial,
-          progress, fmt) -> None:
+          check_reproducible, progress, fmt) -> None:
     """Validate and build the catalog into bundles under artifacts/."""
     from builder.build import BuildRequest, build as run_build
-    from builder.parallel import default_jobs, make_executor
-    from builder.report import print_build_result
+    from builder.parallel import ExecutorError, default_jobs, make_executor
+    from builder.reproduce import check_reproducible as check
 
-    cfg = settings(root)
+    out, cache = _dirs(root, out_dir, cache_dir)
     try:
-        request = BuildRequest(
-            root=root, out_dir=Path(out_dir).resolve() if out_dir else cfg.artifacts_dir,
-            cache_dir=Path(cache_dir).resolve() if cache_dir else cfg.cache_dir,
-            executor=make_executor(executor, jobs or default_jobs()),
-            selection=_selection(pipeline, arch, only, shard), allow_partial=allow_partial, progress=progress)
+        request = BuildRequest(root=root, out_dir=out, cache_dir=cache,
+                               executor=make_executor(executor, jobs or default_jobs()),
+                               selection=_selection(pipeline, arch, only, shard), allow_partial=allow_partial,
+                               progress=progress)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     try:
         result = run_build(request)
+        checked = None
+        if check_reproducible:
+            if progress != "none":
+                click.echo("check-reproducible: building again from an empty cache in a temporary directory",
+                           err=True)
+            checked = check(request, result)
     except DiagnosticError as exc:
         _report(exc.diagnostics, fmt)
         sys.exit(EXIT_INVALID)
-    print_build_result(result)
-    sys.exit(EXIT_OK if result.ok else EXIT_INVALID)
+    except (ExecutorError, ToolchainError) as exc:
+        click.echo(f"tilekiln: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    _finish(result, checked)
+
+
+@main.command()
+@click.argument("shard_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@OUT_OPTION
+@CACHE_OPTION
+@PARTIAL_OPTION
+@PROGRESS_OPTION
+@DIAGNOSTICS_FORMAT
+@click.pass_obj
+def merge(root: Path, shard_dirs, out_dir, cache_dir, allow_partial, progress, fmt) -> None:
+    """Combine the outputs of `build --shard I/N` (all N of them) into bundles.
+
+    SHARD_DIRS are shard directories (artifacts/shards/<bundle>/<I>-of-<N>)
+    or directories above them. The bundles are byte-identical to a build on
+    one machine; the shards must come from this checkout's catalog.
+    """
+    from builder.merge import merge as run_merge
+
+    out, cache = _dirs(root, out_dir, cache_dir)
+    try:
+        result = run_merge(root, [Path(p) for p in shard_dirs], out, cache, allow_partial, progress)
+    except DiagnosticError as exc:
+        _report(exc.diagnostics, fmt)
+        sys.exit(EXIT_INVALID)
+    except ToolchainError as exc:
+        click.echo(f"tilekiln: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    _finish(result)
 
 
 @main.command(name="list")
-@click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None)
-@click.option("--pipeline", multiple=True)
-@click.option("--arch", multiple=True)
-@click.option("--only", multiple=True, metavar="PATTERN")
-@click.option("--shard", default=None, metavar="I/N")
+@CACHE_OPTION
+@click.option("--pipeline", multiple=True, help="only this pipeline (repeatable)")
+@click.option("--arch", multiple=True, help="only this target (repeatable)")
+@click.option("--only", multiple=True, metavar="PATTERN", help="only kernel ids matching (glob)")
+@click.option("--shard", default=None, metavar="I/N", help="only the I-th of N shards")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.pass_obj
 def list_kernels(root: Path, cache_dir, pipeline, arch, only, shard, fmt) -> None:
     """Show what a build would compile and what is already cached."""
     from builder.report import list_planned
 
-    cfg = settings(root)
-    rows = list_planned(root, Path(cache_dir).resolve() if cache_dir else cfg.cache_dir,
-                        _selection(pipeline, arch, only, shard))
+    try:
+        rows = list_planned(root, _dirs(root, None, cache_dir)[1], _selection(pipeline, arch, only, shard))
+    except DiagnosticError as exc:
+        _report(exc.diagnostics, "json" if fmt == "json" else "text")
+        sys.exit(EXIT_INVALID)
+    except ToolchainError as exc:
+        click.echo(f"tilekiln: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
     if fmt == "json":
         click.echo(json.dumps(rows, indent=2))
     else:

@@ -11,6 +11,7 @@ run time.
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -23,6 +24,10 @@ from builder.toolchain import toolchain
 from tilekiln.manifest import ABI_VERSION
 
 LINK_DIR = Path(__file__).resolve().parent.parent / "templates" / "link"
+CFLAGS = ("-O2", "-fPIC", "-fvisibility=hidden", "-fno-ident")
+LDFLAGS = ("-shared", "-Wl,-z,defs", "-Wl,--version-script=exports.map", "-Wl,--build-id=sha1")
+LIBS = ("-ldl", "-lrt", "-lpthread")
+EXPORTS_MAP = "{ global: tk_*; local: *; };\n"
 
 
 @dataclass(frozen=True)
@@ -44,14 +49,20 @@ def render_glue(bundle: str, kernels: list[LinkInput]) -> str:
     return env.get_template("glue.c.j2").render(bundle=bundle, abi_version=ABI_VERSION, kernels=rows)
 
 
+def link_recipe() -> dict[str, object]:
+    """How a library is made, apart from its glue, objects and toolchain: part of its cache key."""
+    return {"cflags": list(CFLAGS), "ldflags": list(LDFLAGS), "libs": list(LIBS), "exports": EXPORTS_MAP,
+            "shim_sha256": hashlib.sha256((LINK_DIR / "shim.c").read_bytes()).hexdigest()}
+
+
 def link_library(bundle: str, kernels: list[LinkInput], output: Path) -> None:
-    """Write the shared library to ``output`` (the caller renames it into place)."""
+    """Write the shared library to ``output``, whose name is its soname (the caller renames it into place)."""
     tools = toolchain()
-    cflags = ["-O2", "-fPIC", "-fvisibility=hidden", "-fno-ident", f"-I{tools.cuda_include}"]
+    cflags = [*CFLAGS, f"-I{tools.cuda_include}"]
     with tempfile.TemporaryDirectory(prefix="tilekiln-link-") as tmp:
         work = Path(tmp)
         (work / "glue.c").write_text(render_glue(bundle, kernels))
-        (work / "exports.map").write_text("{ global: tk_*; local: *; };\n")
+        (work / "exports.map").write_text(EXPORTS_MAP)
         objects = []
         for i, k in enumerate(kernels):
             path = work / f"k{i:04d}.o"
@@ -59,9 +70,8 @@ def link_library(bundle: str, kernels: list[LinkInput], output: Path) -> None:
             objects.append(path.name)
         _run([tools.cc, *cflags, "-c", "glue.c", "-o", "glue.o"], work)
         _run([tools.cc, *cflags, "-c", str(LINK_DIR / "shim.c"), "-o", "shim.o"], work)
-        _run([tools.cc, "-shared", "-Wl,-z,defs", "-Wl,--version-script=exports.map",
-              "-Wl,--build-id=sha1", f"-Wl,-soname,{output.name}", "-o", "lib.so", "glue.o", "shim.o",
-              *objects, str(tools.cudart_static), "-ldl", "-lrt", "-lpthread"], work)
+        _run([tools.cc, *LDFLAGS, f"-Wl,-soname,{output.name}", "-o", "lib.so", "glue.o", "shim.o",
+              *objects, str(tools.cudart_static), *LIBS], work)
         output.write_bytes((work / "lib.so").read_bytes())
 
 

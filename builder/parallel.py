@@ -6,14 +6,21 @@ one bad kernel never stops the others. The local pool sizes itself to the
 cores and to memory: one DSL compile peaks at about 250 MB resident
 (measured 233-256 MB for Hopper and Blackwell GEMMs), so a worker is budgeted
 300 MB of ``MemAvailable``.
+
+This module never imports the DSL or Ray itself; workers do.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import multiprocessing
 import os
+import tempfile
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator, Protocol
 
 from builder.compile import CompileFailure, CompileJob, CompileOutput, compile_job, prepare_worker
@@ -21,6 +28,10 @@ from builder.compile import CompileFailure, CompileJob, CompileOutput, compile_j
 WORKER_MEMORY_BYTES = 300 * 2**20
 
 Result = CompileOutput | CompileFailure
+
+
+class ExecutorError(RuntimeError):
+    """The executor itself cannot run (no Ray, cluster unreachable); not a kernel's fault."""
 
 
 class Executor(Protocol):
@@ -49,52 +60,110 @@ def default_jobs() -> int:
 
 
 @dataclass
+class _Broken:
+    """Jobs a pool did not finish because one of its workers died."""
+
+    started: list[CompileJob] = field(default_factory=list)
+    waiting: list[CompileJob] = field(default_factory=list)
+    reason: str = ""
+
+
+@dataclass
 class LocalExecutor:
+    """Compiles in ``jobs`` spawned worker processes on this machine.
+
+    Even one job runs in a worker process: a compile that kills its process
+    (a crash inside MLIR, the OOM killer) must not take the build down. A dead
+    worker breaks the pool for every job in it, so each job marks when it
+    starts; the jobs that had started are then rerun one per fresh pool, which
+    names the one that kills its worker, and the jobs that had not started go
+    back to a new shared pool.
+    """
+
     jobs: int
     name: str = "local"
 
     def run(self, jobs: list[CompileJob]) -> Iterator[Result]:
-        if not jobs:
-            return
-        workers = max(1, min(self.jobs, len(jobs)))
-        if workers == 1:
-            for job in jobs:
-                yield compile_job(job)
-            return
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=prepare_worker) as pool:
-            pending = {pool.submit(compile_job, job): job for job in jobs}
-            while pending:
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
-                    job = pending.pop(future)
-                    try:
-                        yield future.result()
-                    except Exception as exc:  # a worker died (OOM kill, signal)
-                        yield CompileFailure(job.kernel_id, job.arch, f"compile worker died: {exc!r}", 0.0)
+        waiting = list(jobs)
+        while waiting:
+            broken = _Broken()
+            finished = 0
+            for result in _pool_run(waiting, self.jobs, broken):
+                finished += 1
+                yield result
+            if broken.waiting and not broken.started and not finished:
+                # Not one job started: the workers cannot even start (the DSL does not import).
+                for job in broken.waiting:
+                    yield CompileFailure(job.kernel_id, job.arch,
+                                         f"the compile workers cannot start ({broken.reason}); "
+                                         "check that `import cutlass.cute` works in this environment", 0.0)
+                return
+            waiting = broken.waiting
+            for job in broken.started:
+                alone = _Broken()
+                results = list(_pool_run([job], 1, alone))
+                if alone.started or alone.waiting:
+                    yield CompileFailure(job.kernel_id, job.arch,
+                                         f"the compile worker died while compiling this kernel ({alone.reason}); "
+                                         "it crashed or was killed (out of memory?)", 0.0)
+                else:
+                    yield from results
+
+
+def _pool_run(jobs: list[CompileJob], workers: int, broken: _Broken) -> Iterator[Result]:
+    context = multiprocessing.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="tilekiln-pool-") as marks, \
+            ProcessPoolExecutor(max_workers=max(1, min(workers, len(jobs))), mp_context=context,
+                                initializer=prepare_worker) as pool:
+        pending = {pool.submit(_marked_compile, job, str(Path(marks) / str(i))): (i, job)
+                   for i, job in enumerate(jobs)}
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                i, job = pending.pop(future)
+                try:
+                    yield future.result()
+                except BrokenProcessPool as exc:
+                    broken.reason = str(exc) or type(exc).__name__
+                    (broken.started if (Path(marks) / str(i)).exists() else broken.waiting).append(job)
+
+
+def _marked_compile(job: CompileJob, mark: str) -> Result:
+    Path(mark).touch()
+    return compile_job(job)
 
 
 @dataclass
 class RayExecutor:
     """Sends compile jobs to a Ray cluster (``pip install 'tilekiln[ray]'``).
 
-    ``address`` None starts or joins a local Ray instance; otherwise it is a
+    ``address`` None joins the Ray instance this process already started, or
+    starts a local one (``RAY_ADDRESS`` is honoured by Ray); otherwise a
     cluster address such as ``ray://head:10001`` or ``auto``. Each job is one
-    Ray task needing one CPU; results travel back as the same values the
-    local pool returns, so the rest of the build cannot tell them apart.
+    Ray task needing one CPU and a compile's memory; results travel back as
+    the same values the local pool returns, and the build checks each one's
+    toolchain fingerprint, so a node with other wheel versions cannot slip an
+    object into the bundle. Every node needs ``tilekiln[build]`` installed.
     """
 
     address: str | None
     name: str = "ray"
 
     def run(self, jobs: list[CompileJob]) -> Iterator[Result]:
-        try:
-            import ray
-        except ImportError:
-            raise RuntimeError("the ray executor needs Ray: pip install 'tilekiln[ray]'") from None
+        if not jobs:
+            return
+        import ray
+
         if not ray.is_initialized():
-            ray.init(address=self.address, log_to_driver=False, include_dashboard=False)
-        task = ray.remote(num_cpus=1)(_ray_compile)
+            try:
+                ray.init(address=self.address, log_to_driver=False, include_dashboard=False,
+                         logging_level=logging.WARNING)
+            except (ConnectionError, ValueError, RuntimeError) as exc:
+                where = self.address or "a new local instance"
+                raise ExecutorError(f"cannot start or reach Ray ({where}): {exc}") from None
+        # A node lost mid-task is worth a retry; a kernel that kills its worker
+        # every time fails after one.
+        task = ray.remote(num_cpus=1, memory=WORKER_MEMORY_BYTES, max_retries=1)(_ray_compile)
         refs = {task.remote(job): job for job in jobs}
         while refs:
             done, _ = ray.wait(list(refs), num_returns=1)
@@ -116,5 +185,7 @@ def make_executor(spec: str, jobs: int) -> Executor:
     if spec == "local":
         return LocalExecutor(jobs)
     if spec == "ray" or spec.startswith("ray="):
+        if importlib.util.find_spec("ray") is None:
+            raise ValueError("--executor ray needs Ray: pip install 'tilekiln[ray]'")
         return RayExecutor(spec.partition("=")[2] or None)
     raise ValueError(f"unknown executor {spec!r}; use local, ray or ray=ADDRESS")

@@ -5,47 +5,65 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 
-from builder.build import BuildResult, Selection, object_key
+from builder.build import BuildResult, BundleResult, Selection, plan, validated
 from builder.cache import ContentCache
-from builder.compile import CompileJob
-from builder.diagnostics import DiagnosticError
-from builder.render import render_kernel
-from builder.validate import Project, validate_project
+from builder.records import KernelRecord
+
+COLUMNS = ("kernel", "status", "compile s", "regs", "spills", "smem B", "cubin B", "MMA")
+
+
+def result_table(b: BundleResult) -> Table:
+    where = f" shard {b.shard[0]}/{b.shard[1]}" if b.shard else ""
+    table = Table(title=f"{b.bundle} ({b.arch}){where}", title_justify="left")
+    for col in COLUMNS:
+        table.add_column(col, justify="left" if col in ("kernel", "status") else "right", no_wrap=True)
+    for r in b.records:
+        table.add_row(*_row(r))
+    return table
+
+
+def _row(r: KernelRecord) -> tuple[str, ...]:
+    info = r.info
+    if info is None:
+        return (r.kernel_id, r.status, f"{r.seconds:.1f}", "", "", "", "", "")
+    mma = str(sum(n for op, n in info.census if "MMA" in op))
+    return (r.kernel_id, r.status, f"{r.seconds:.1f}", str(info.registers), "yes" if info.spills else "no",
+            "" if r.ctx is None else str(r.ctx.plan.smem.total), str(len(r.cubin)), mma)
 
 
 def print_build_result(result: BuildResult, console: Console | None = None) -> None:
     console = console or Console(stderr=True, soft_wrap=True)
     for b in result.bundles:
-        table = Table(title=f"{b.bundle} ({b.arch})", title_justify="left")
-        for col in ("kernel", "status", "compile s", "regs", "spills", "smem B", "cubin B", "MMA"):
-            table.add_column(col, justify="left" if col in ("kernel", "status") else "right")
-        for r in b.records:
-            info = r.info
-            mma = "" if info is None else str(sum(n for op, n in info.census if "MMA" in op))
-            table.add_row(r.kernel_id, r.status, f"{r.seconds:.1f}",
-                          "" if info is None else str(info.registers),
-                          "" if info is None else ("yes" if info.spills else "no"),
-                          "" if r.ctx is None else str(r.ctx.plan.smem.total),
-                          str(len(r.cubin)) if r.cubin else "", mma)
+        table = result_table(b)
+        if not console.is_terminal:
+            # A CI log has no width: print the table at its natural width
+            # rather than rich's 80-column default, which cuts kernel ids.
+            natural = Measurement.get(console, console.options.update_width(10_000), table).maximum
+            console.width = max(console.width, natural)
         console.print(table)
         for r in b.failed:
-            console.print(f"[red]failed[/red] {r.kernel_id} ({r.arch}):\n  " +
-                          "\n  ".join(r.error.strip().splitlines()[:12]))
-        where = f"bundle {b.path}" if b.path else "no bundle written (a kernel failed; --allow-partial keeps the rest)"
-        console.print(f"{b.bundle}: {len(b.records) - len(b.failed)} ok, {len(b.failed)} failed; {where}; "
-                      f"report {b.report_path}")
+            message = "\n  ".join(r.error_head.splitlines())
+            console.print(f"[red]failed[/red] {r.kernel_id} ({r.arch}):\n  {escape(message)}", highlight=False)
+        console.print(f"{b.bundle}: {len(b.records) - len(b.failed)} ok, {len(b.failed)} failed; "
+                      f"{_where(b)}; report {b.report_path}", highlight=False)
+
+
+def _where(b: BundleResult) -> str:
+    if b.shard is not None:
+        return f"shard {b.path}"
+    if b.path is not None:
+        return f"bundle {b.path}"
+    if not any(r.ok for r in b.records):
+        return "no bundle written (no kernel compiled)"
+    return "no bundle written, the previous one is untouched (--allow-partial writes the kernels that passed)"
 
 
 def list_planned(root: Path, cache_dir: Path, selection: Selection) -> list[dict]:
-    validation = validate_project(Project(root))
-    if not validation.ok:
-        raise DiagnosticError([d for d in validation.diagnostics if d.severity.value == "error"])
+    """What a build with ``selection`` would do: each kernel, its target, cache key and whether it is cached."""
     cache = ContentCache(cache_dir)
-    rows = []
-    for arch, ctx in selection.planned(validation):
-        job = CompileJob(ctx.entry.kernel_id, arch, render_kernel(ctx).text)
-        rows.append({"kernel": ctx.entry.kernel_id, "arch": arch,
-                     "cached": cache.get("kernel", object_key(job)) is not None})
-    return rows
+    return [{"kernel": p.kernel_id, "arch": p.arch, "key": p.key, "cached": cache.get("kernel", p.key) is not None}
+            for p in plan(validated(root), selection)]

@@ -5,6 +5,13 @@ the CuTe DSL compiler, ``libcudart_static.a`` and the CUDA headers, and
 ``cuobjdump``. :func:`toolchain` fails closed: a missing piece is an error
 naming the wheel to install, never a silent fallback to something on PATH,
 because the toolchain versions are part of every cache key.
+
+Two fingerprints, so each cache key holds what decides its step and no more:
+:func:`compiler_fingerprint` (DSL wheels, CUDA runtime, Python minor version;
+computable in a compile worker that has no gcc) keys compiled kernels and is
+reported back by every worker, so a Ray node with a different toolchain is
+caught; :attr:`Toolchain.fingerprint` (the same wheels plus gcc) keys linked
+libraries.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata as md
 import shutil
+import sys
 import subprocess
 from dataclasses import dataclass
 from functools import lru_cache
@@ -23,6 +31,9 @@ FINGERPRINT_DISTRIBUTIONS = (
     "nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-core",
     "nvidia-cutlass-dsl-libs-cu13", "cuda-bindings", "nvidia-cuda-runtime",
 )
+
+# cuobjdump output (registers, SASS census) is stored with each cached kernel.
+INSPECTOR_DISTRIBUTIONS = ("nvidia-cuda-cuobjdump", "nvidia-cuda-nvdisasm")
 
 HOST_TARGET = "llvm -mtriple=x86_64-unknown-linux-gnu"
 
@@ -68,13 +79,45 @@ def _nvidia_dir() -> Path:
                          "nvidia-cuda-crt and nvidia-cuda-cccl")
 
 
+def _digest(lines: list[str]) -> str:
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+@lru_cache(maxsize=1)
+def compiler_versions() -> tuple[tuple[str, str], ...]:
+    return tuple((name, _distribution_version(name)) for name in FINGERPRINT_DISTRIBUTIONS)
+
+
+@lru_cache(maxsize=1)
+def compiler_fingerprint() -> str:
+    """What decides a compile's output. The DSL rewrites Python ASTs, so the
+    interpreter's minor version is part of it (a Ray node on another Python
+    would otherwise be trusted)."""
+    python = f"python=={sys.version_info.major}.{sys.version_info.minor}"
+    return _digest([f"{k}=={v}" for k, v in compiler_versions()] + [python])
+
+
+@lru_cache(maxsize=1)
+def inspector_fingerprint() -> str:
+    return _digest([f"{name}=={_distribution_version(name)}" for name in INSPECTOR_DISTRIBUTIONS])
+
+
+@lru_cache(maxsize=1)
+def cuda_binutils() -> Path:
+    """The directory of the pinned ``cuobjdump`` and ``nvdisasm``: all a compile worker needs besides the DSL."""
+    bin_dir = _nvidia_dir() / "bin"
+    for name, wheel in (("cuobjdump", "nvidia-cuda-cuobjdump"), ("nvdisasm", "nvidia-cuda-nvdisasm")):
+        if not (bin_dir / name).exists():
+            raise ToolchainError(f"{name} not found under {bin_dir}; install the {wheel} wheel")
+    return bin_dir
+
+
 @lru_cache(maxsize=1)
 def toolchain() -> Toolchain:
-    versions = tuple((name, _distribution_version(name)) for name in FINGERPRINT_DISTRIBUTIONS)
+    versions = compiler_versions()
     base = _nvidia_dir()
     cudart = base / "lib" / "libcudart_static.a"
-    cuobjdump = base / "bin" / "cuobjdump"
-    for path, wheel in ((cudart, "nvidia-cuda-runtime"), (cuobjdump, "nvidia-cuda-cuobjdump"),
+    for path, wheel in ((cudart, "nvidia-cuda-runtime"),
                         (base / "include" / "crt" / "host_config.h", "nvidia-cuda-crt")):
         if not path.exists():
             raise ToolchainError(f"{path.name} not found under {base}; install the {wheel} wheel")
@@ -82,4 +125,4 @@ def toolchain() -> Toolchain:
     if cc is None:
         raise ToolchainError("no C compiler (gcc) found; linking a bundle needs one")
     cc_version = subprocess.run([cc, "-dumpfullversion"], capture_output=True, text=True).stdout.strip()
-    return Toolchain(base / "include", cudart, cuobjdump, cc, versions, cc_version)
+    return Toolchain(base / "include", cudart, cuda_binutils() / "cuobjdump", cc, versions, cc_version)

@@ -1,0 +1,396 @@
+"""The build system on the two-kernel project: incremental, keep-going, crash-safe,
+concurrent-safe, reproducible, sharded and on Ray.
+
+Every test starts from copies of the session build (``small_build``: its
+project, cache and bundle), so most rebuild nothing; ``bundle`` equality is
+the sha256 of every file but ``build-report.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import builder.build as build_module
+from builder.build import BuildRequest, Selection, build
+from builder.cache import ContentCache
+from builder.cli import main as cli
+from builder.diagnostics import DiagnosticError
+from builder.merge import merge
+from builder.parallel import LocalExecutor
+from builder.publish import tree_digests
+from builder.reproduce import check_reproducible
+from builder.shard import SHARD_FILE, shard_dir
+
+pytestmark = pytest.mark.compile
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL_ID = "gemm_sm90_bf16_bf16_f32_bf16_tn_64x128x64_c1x2"
+LARGE_ID = "gemm_sm90_bf16_bf16_f32_bf16_tn_128x128x64_c1x1"
+
+
+@dataclass(frozen=True)
+class Small:
+    """The session build of tests/compile/conftest.py (``<base>/{project,artifacts,cache}``)."""
+
+    project: Path
+    cache: Path
+    bundle: Path
+
+    def digests(self) -> dict[str, str]:
+        return tree_digests(self.bundle)
+
+
+@pytest.fixture(scope="module")
+def small(small_build) -> Small:
+    base = small_build.path.parent.parent
+    return Small(base / "project", base / "cache", small_build.path)
+
+
+@dataclass
+class CountingExecutor:
+    """The local pool, remembering which kernels it was asked to compile."""
+
+    inner: LocalExecutor = field(default_factory=lambda: LocalExecutor(2))
+    compiled: list[str] = field(default_factory=list)
+    name: str = "counting"
+
+    def run(self, jobs):
+        self.compiled.extend(j.kernel_id for j in jobs)
+        yield from self.inner.run(jobs)
+
+
+def copy_project(small: Small, dest: Path) -> Path:
+    shutil.copytree(small.project, dest)
+    return dest
+
+
+def copy_cache(small: Small, dest: Path, keep=("kernel", "library")) -> Path:
+    for kind in keep:
+        shutil.copytree(small.cache / "v1" / kind, dest / "v1" / kind)
+    return dest
+
+
+def run(project: Path, out: Path, cache: Path, executor=None, **kwargs):
+    return build(BuildRequest(root=project, out_dir=out, cache_dir=cache, executor=executor or CountingExecutor(),
+                              progress="none", **kwargs))
+
+
+def cli_process(project: Path, out: Path, cache: Path, *args: str) -> subprocess.Popen:
+    """``tilekiln build`` in its own process group (so a test can kill it and its workers)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-c", "from builder.entry import main; main()", "--root", str(project), "build",
+           "--out", str(out), "--cache", str(cache), *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+
+
+def all_entries_valid(cache: Path) -> dict[str, int]:
+    """Every cache entry on disk verifies; returns the count per kind."""
+    counts = {}
+    c = ContentCache(cache)
+    for kind in ("kernel", "library"):
+        entries = [d for d in (cache / "v1" / kind).glob("*/*") if d.is_dir()]
+        for d in entries:
+            assert c.get(kind, d.name) is not None, f"corrupt {kind} entry {d}"
+        counts[kind] = len(entries)
+    return counts
+
+
+# -- incremental -------------------------------------------------------------------------------
+
+def test_noop_rebuild_compiles_nothing_and_leaves_the_bundle_alone(small, tmp_path):
+    out, cache = tmp_path / "out", copy_cache(small, tmp_path / "cache")
+    first = run(small.project, out, cache)
+    manifest = out / "sm90a" / "manifest.json"
+    before = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (out / "sm90a").rglob("*")
+              if p.name != "build-report.json"}
+    executor = CountingExecutor()
+    again = run(small.project, out, cache, executor)
+    assert executor.compiled == []
+    assert [r.status for r in again.bundles[0].records] == ["cached", "cached"]
+    after = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (out / "sm90a").rglob("*")
+             if p.name != "build-report.json"}
+    assert after == before, "a no-op rebuild must not rewrite the bundle"
+    assert first.ok and tree_digests(out / "sm90a") == small.digests()
+    assert json.loads(manifest.read_text())["kernels"][0]["id"] == LARGE_ID
+
+
+def test_editing_one_config_recompiles_exactly_that_kernel(small, tmp_path):
+    project = copy_project(small, tmp_path / "project")
+    catalog = project / "catalog" / "gemm" / "sm90.yaml"
+    catalog.write_text(catalog.read_text().replace("cluster: [1, 2]", "cluster: [2, 1]"))
+    executor = CountingExecutor()
+    result = run(project, tmp_path / "out", copy_cache(small, tmp_path / "cache"), executor)
+    assert result.ok
+    assert executor.compiled == ["gemm_sm90_bf16_bf16_f32_bf16_tn_64x128x64_c2x1"]
+    assert {r.kernel_id: r.status for r in result.bundles[0].records} == {
+        LARGE_ID: "cached", "gemm_sm90_bf16_bf16_f32_bf16_tn_64x128x64_c2x1": "compiled"}
+
+
+def test_list_shows_what_is_cached_per_key_component(small, monkeypatch):
+    runner = CliRunner()
+
+    def cached(*args):
+        res = runner.invoke(cli, ["--root", str(small.project), "list", "--cache", str(small.cache),
+                                  "--format", "json", *args])
+        assert res.exit_code == 0, res.output
+        return {row["kernel"]: row["cached"] for row in json.loads(res.stdout)}
+
+    assert cached() == {LARGE_ID: True, SMALL_ID: True}
+    assert cached("--only", "*64x128*") == {SMALL_ID: True}
+    assert cached("--pipeline", "sm90", "--arch", "sm_90a") == {LARGE_ID: True, SMALL_ID: True}
+    assert cached("--shard", "1/2") == {LARGE_ID: True} and cached("--shard", "2/2") == {SMALL_ID: True}
+    # Each toolchain component of the key: another compiler, inspector or host target is a miss.
+    monkeypatch.setattr("builder.build.compiler_fingerprint", lambda: "another-dsl")
+    assert cached() == {LARGE_ID: False, SMALL_ID: False}
+    monkeypatch.undo()
+    monkeypatch.setattr("builder.build.inspector_fingerprint", lambda: "another-cuobjdump")
+    assert cached() == {LARGE_ID: False, SMALL_ID: False}
+    monkeypatch.undo()
+    monkeypatch.setattr("builder.compile.HOST_TARGET", "llvm -mtriple=aarch64-unknown-linux-gnu")
+    assert cached() == {LARGE_ID: False, SMALL_ID: False}
+
+
+def test_a_selection_that_matches_nothing_names_what_exists(small, tmp_path):
+    with pytest.raises(DiagnosticError) as exc:
+        run(small.project, tmp_path / "out", tmp_path / "cache", selection=Selection(arches=("sm_100a",)))
+    (d,) = exc.value.diagnostics
+    assert d.rule == "BUILD-EMPTY" and "sm_90a" in d.hint and "sm90" in d.hint
+
+
+# -- keep going --------------------------------------------------------------------------------
+
+def failing_project(small: Small, dest: Path) -> Path:
+    """The small project with a template that raises for 64-row tiles only: the validator
+    accepts the kernel, its compile fails, and the 128-row kernel renders exactly as before."""
+    project = copy_project(small, dest)
+    template = project / "templates" / "sm90_gemm.py.j2"
+    text = template.read_text()
+    anchor = "import cutlass\n"
+    assert anchor in text
+    template.write_text(text.replace(anchor, anchor + '{% if tile_m == 64 %}raise RuntimeError("deliberate failure: '
+                                     'this template refuses 64-row tiles")\n{% endif %}', 1))
+    return project
+
+
+def test_a_failing_kernel_keeps_the_others_and_the_previous_bundle(small, tmp_path):
+    project = failing_project(small, tmp_path / "project")
+    out, cache = tmp_path / "out", copy_cache(small, tmp_path / "cache")
+    shutil.copytree(small.bundle, out / "sm90a")
+    previous = tree_digests(out / "sm90a")
+    res = CliRunner().invoke(cli, ["--root", str(project), "build", "--out", str(out), "--cache", str(cache),
+                                   "--progress", "plain"])
+    assert res.exit_code == 1, res.output
+    assert tree_digests(out / "sm90a") == previous, "without --allow-partial the previous bundle stays"
+    report = json.loads((out / "sm90a.build-report.json").read_text())
+    rows = {r["kernel"]: r for r in report["kernels"]}
+    assert rows[SMALL_ID]["status"] == "failed" and "deliberate failure" in rows[SMALL_ID]["error"]
+    assert rows[LARGE_ID]["status"] == "cached" and rows[LARGE_ID]["registers"] > 0
+    assert {"compile_seconds", "spills", "smem_bytes", "cubin_bytes"} <= rows[LARGE_ID].keys()
+    assert (report["passed"], report["failed"]) == (1, 1)
+    assert SMALL_ID in res.stderr and "deliberate failure" in res.stderr  # the table and the error
+
+    partial = run(project, out, cache, allow_partial=True)
+    assert not partial.ok
+    manifest = json.loads((out / "sm90a" / "manifest.json").read_text())
+    assert [k["id"] for k in manifest["kernels"]] == [LARGE_ID]
+    assert not (out / "sm90a" / f"cubins/{SMALL_ID}.cubin").exists()
+    bundle_report = json.loads((out / "sm90a" / "build-report.json").read_text())
+    assert {r["kernel"]: r["status"] for r in bundle_report["kernels"]} == {LARGE_ID: "cached", SMALL_ID: "failed"}
+    assert not (out / "sm90a.build-report.json").exists(), "a stale failure report must go"
+
+
+def test_the_ci_table_shows_whole_kernel_ids(small, tmp_path):
+    res = CliRunner().invoke(cli, ["--root", str(small.project), "build", "--out", str(tmp_path / "out"),
+                                   "--cache", str(copy_cache(small, tmp_path / "cache")), "--progress", "plain"])
+    assert res.exit_code == 0, res.output
+    assert "building sm90a: 2 kernels, 2 cached, 0 to compile" in res.stderr
+    table_rows = [line for line in res.stderr.splitlines() if "cached" in line and "│" in line]
+    assert len(table_rows) == 2 and any(LARGE_ID in line for line in table_rows), res.stderr
+
+
+# -- crash safety and concurrency --------------------------------------------------------------
+
+def _wait_for_line(proc: subprocess.Popen, needle: str, timeout: float = 120.0) -> list[str]:
+    seen, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line and proc.poll() is not None:
+            break
+        seen.append(line)
+        if needle in line:
+            return seen
+    raise AssertionError(f"never saw {needle!r}: {''.join(seen)}")
+
+
+def _group_runs(pgid: int, needles: tuple[str, ...]) -> bool:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:
+                continue
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+        if any(n in cmdline for n in needles):
+            return True
+    return False
+
+
+def test_kill_9_during_compile_then_rerun_finishes_from_the_cache(small, tmp_path):
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    proc = cli_process(small.project, out, cache, "-j", "1", "--progress", "plain")
+    try:
+        _wait_for_line(proc, "[1/2] compiled")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not (out / "sm90a").exists()
+    assert all_entries_valid(cache) == {"kernel": 1, "library": 0}
+    executor = CountingExecutor()
+    result = run(small.project, out, cache, executor)
+    assert result.ok and len(executor.compiled) == 1
+    assert tree_digests(out / "sm90a") == small.digests()
+    assert not list((cache / "tmp").iterdir()), "the rerun sweeps what the killed build left"
+
+
+def test_kill_9_during_link_then_rerun(small, tmp_path):
+    out, cache = tmp_path / "out", copy_cache(small, tmp_path / "cache", keep=("kernel",))
+    proc = cli_process(small.project, out, cache, "--progress", "none")
+    deadline = time.monotonic() + 120
+    while not _group_runs(proc.pid, ("glue.c", "lib.so")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the build ended before it linked"
+        time.sleep(0.002)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / "sm90a").exists()
+    assert all_entries_valid(cache) == {"kernel": 2, "library": 0}
+    executor = CountingExecutor()
+    assert run(small.project, out, cache, executor).ok and executor.compiled == []
+    assert tree_digests(out / "sm90a") == small.digests()
+    assert not list((cache / "tmp").iterdir())
+
+
+def test_kill_9_at_many_moments_never_leaves_a_partial_bundle(small, tmp_path):
+    """Kills spread over a build that links and publishes (start-up, link, swap): after each,
+    the bundle is absent or complete, every cache entry verifies, and the next build finishes."""
+    out, cache = tmp_path / "out", copy_cache(small, tmp_path / "cache", keep=("kernel",))
+    for delay in (0.3, 0.45, 0.6, 0.75, 0.9, 1.2):
+        proc = cli_process(small.project, out, cache, "--progress", "none")
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if (out / "sm90a").exists():
+            assert tree_digests(out / "sm90a") == small.digests(), f"partial bundle after a kill at {delay}s"
+        all_entries_valid(cache)
+        shutil.rmtree(out / "sm90a", ignore_errors=True)
+        for entry in (cache / "v1" / "library").glob("*/*"):
+            shutil.rmtree(entry)
+    assert run(small.project, out, cache).ok
+    assert tree_digests(out / "sm90a") == small.digests()
+    assert [p.name for p in out.iterdir() if p.name.startswith(".") and p.name != ".locks"] == []
+
+
+def test_two_builds_sharing_cache_and_output_at_once(small, tmp_path):
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    procs = [cli_process(small.project, out, cache, "-j", "1", "--progress", "none") for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    assert tree_digests(out / "sm90a") == small.digests()
+    assert all_entries_valid(cache) == {"kernel": 2, "library": 1}
+    assert not list((cache / "tmp").iterdir())
+    assert sorted(p.name for p in out.iterdir()) == [".locks", "sm90a"]
+
+
+# -- reproducibility, shards, Ray --------------------------------------------------------------
+
+def test_check_reproducible_rebuilds_from_nothing_and_matches(small, tmp_path):
+    res = CliRunner().invoke(cli, ["--root", str(small.project), "build", "--out", str(tmp_path / "out"),
+                                   "--cache", str(copy_cache(small, tmp_path / "cache")), "--progress", "none",
+                                   "--check-reproducible"])
+    assert res.exit_code == 0, res.output
+    files = len(small.digests())
+    assert f"reproducible: {files} files identical in a clean rebuild" in res.stderr
+
+
+def test_check_reproducible_names_a_file_that_differs(small, tmp_path, monkeypatch):
+    out, cache = tmp_path / "out", copy_cache(small, tmp_path / "cache")
+    request = BuildRequest(root=small.project, out_dir=out, cache_dir=cache, executor=CountingExecutor(),
+                           progress="none")
+    first = build(request)
+    # The clean rebuild gets a source that differs in one comment: only that kernel's files may differ.
+    real = build_module.render_kernel
+
+    def render(ctx):
+        source = real(ctx)
+        if ctx.entry.kernel_id != SMALL_ID:
+            return source
+        return type(source)(source.kernel_id, source.text + "# a build-time difference\n", source.template_sha256)
+
+    monkeypatch.setattr("builder.build.render_kernel", render)
+    check = check_reproducible(request, first)
+    named = {d.location.file for d in check.diagnostics}
+    assert not check.ok and f"sm90a/sources/{SMALL_ID}.py" in named
+    assert "sm90a/manifest.json" in named and f"sm90a/sources/{LARGE_ID}.py" not in named
+
+
+def test_shards_merge_into_the_single_machine_bundle(small, tmp_path):
+    out, cache = tmp_path / "out", copy_cache(small, tmp_path / "cache")
+    for index in (1, 2):
+        result = run(small.project, out, cache, selection=Selection(shard=(index, 2)))
+        assert result.ok and len(result.bundles[0].records) == 1
+    first = shard_dir(out, "sm90a", 1, 2)
+    description = json.loads((first / SHARD_FILE).read_text())
+    assert [k["id"] for k in description["kernels"]] == [LARGE_ID]
+    again = run(small.project, tmp_path / "again", cache, selection=Selection(shard=(1, 2)))
+    assert tree_digests(again.bundles[0].path) == tree_digests(first), "a shard is reproducible"
+
+    with pytest.raises(DiagnosticError) as exc:
+        merge(small.project, [first], tmp_path / "merged", tmp_path / "merge-cache", progress="none")
+    assert [d.rule for d in exc.value.diagnostics] == ["SHARD-INCOMPLETE"]
+    assert "2/2 missing" in exc.value.diagnostics[0].message
+
+    # A fresh cache: every object must come from the shards.
+    merged = merge(small.project, [out / "shards"], tmp_path / "merged", tmp_path / "merge-cache", progress="none")
+    assert merged.ok
+    assert tree_digests(tmp_path / "merged" / "sm90a") == small.digests()
+
+
+def test_merge_refuses_shards_of_another_catalog(small, tmp_path):
+    out, cache = tmp_path / "out", copy_cache(small, tmp_path / "cache")
+    for index in (1, 2):
+        run(small.project, out, cache, selection=Selection(shard=(index, 2)))
+    project = copy_project(small, tmp_path / "project")
+    catalog = project / "catalog" / "gemm" / "sm90.yaml"
+    catalog.write_text(catalog.read_text().replace("cluster: [1, 2]", "cluster: [2, 1]"))
+    res = CliRunner().invoke(cli, ["--root", str(project), "merge", str(out / "shards"), "--out",
+                                   str(tmp_path / "merged"), "--cache", str(tmp_path / "c")])
+    assert res.exit_code == 1
+    assert res.stderr.count("SHARD-CATALOG") == 2 and "in no shard" in res.stderr
+    assert not (tmp_path / "merged" / "sm90a").exists()
+
+
+def test_ray_executor_builds_the_same_bundle(small, tmp_path):
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'tilekiln[ray]')")
+    from builder.parallel import RayExecutor
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        result = run(small.project, tmp_path / "out", tmp_path / "cache", RayExecutor(None))
+    finally:
+        ray.shutdown()
+    assert result.ok, [r.error for r in result.bundles[0].failed]
+    assert [r.status for r in result.bundles[0].records] == ["compiled", "compiled"]
+    assert tree_digests(tmp_path / "out" / "sm90a") == small.digests()

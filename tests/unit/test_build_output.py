@@ -1,0 +1,150 @@
+"""What a build prints and how the CLI treats bad arguments and bad shard directories, without the DSL."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+
+from builder import parallel
+from builder.build import BundleResult, BuildResult
+from builder.cli import main as cli
+from builder.compile import CompileFailure, CompileJob
+from builder.cubin import CubinInfo
+from builder.diagnostics import DiagnosticError
+from builder.merge import _common_selection
+from builder.progress import BuildProgress
+from builder.records import KernelRecord
+from builder.report import print_build_result
+from builder.shard import SHARD_FILE, SHARD_SCHEMA, load_shards
+from builder.toolchain import ToolchainError
+
+LONG_ID = "gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1"
+
+
+def test_plain_progress_is_one_line_per_compile_with_eta(capsys):
+    with BuildProgress("plain", total=5, label="building sm90a", cached=3) as progress:
+        progress.advance("k1", "compiled", 1.0)
+        progress.advance("k2", "failed", 0.5)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "building sm90a: 5 kernels, 3 cached, 2 to compile"
+    assert lines[1].startswith("[4/5] compiled k1 (1.0s; failed 0; eta ")
+    assert lines[2].startswith("[5/5] failed   k2 (0.5s; failed 1; eta 0s)")
+    assert len(lines) == 3
+
+
+def test_rich_progress_runs_off_a_terminal_too(capsys):
+    with BuildProgress("rich", total=3, label="building sm90a", cached=1) as progress:
+        progress.advance("k1", "compiled", 1.0)
+        progress.advance("k2", "failed", 0.5)
+    err = capsys.readouterr().err
+    assert "3/3" in err and "failed 1" in err
+
+
+def test_default_workers_fit_cores_and_memory(monkeypatch):
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(parallel, "available_memory", lambda: 100 * 2**30)
+    assert parallel.default_jobs() == cores
+    monkeypatch.setattr(parallel, "available_memory", lambda: parallel.WORKER_MEMORY_BYTES * 3 // 2)
+    assert parallel.default_jobs() == 1
+
+
+def test_workers_that_cannot_start_fail_every_job_once(tmp_path, monkeypatch):
+    """A DSL that does not import (here a stand-in that raises) fails each job with the reason, and returns."""
+    fake = tmp_path / "site" / "cutlass"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('no DSL in this environment')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    jobs = [CompileJob(f"k{i}", "sm_90a", "") for i in range(3)]
+    results = list(parallel.LocalExecutor(2).run(jobs))
+    assert sorted(r.kernel_id for r in results) == ["k0", "k1", "k2"]
+    assert all(isinstance(r, CompileFailure) and "compile workers cannot start" in r.message for r in results)
+
+
+def test_no_progress_prints_nothing(capsys):
+    with BuildProgress("none", total=2, label="x") as progress:
+        progress.advance("k", "compiled", 1.0)
+    assert capsys.readouterr().err == ""
+
+
+def test_the_table_is_not_cut_in_a_narrow_log(tmp_path):
+    info = CubinInfo("sm_90a", 168, 0, 0, 0, (("HGMMA", 4),))
+    records = (KernelRecord(LONG_ID, "sm_90a", "compiled", 1.23, cubin=b"x" * 100, info=info),
+               KernelRecord(LONG_ID.replace("c2x1", "c1x1"), "sm_90a", "failed", 0.4,
+                            error="RuntimeError: [bold]deliberate[/bold]\nsecond line\n" + "more\n" * 20))
+    result = BuildResult((BundleResult("sm90a", "sm_90a", records, None, tmp_path / "r.json"),))
+    out = io.StringIO()
+    print_build_result(result, Console(file=out, width=80, soft_wrap=True))
+    text = out.getvalue()
+    assert LONG_ID in text and LONG_ID.replace("c2x1", "c1x1") in text
+    assert "[bold]deliberate[/bold]" in text, "error text is printed literally, not as markup"
+    assert "second line" in text and text.count("more") == 10, "the first lines of the error"
+    assert "previous one is untouched" in text
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["build", "--shard", "3/2"], "shard index must be within 1..2"),
+    (["build", "--shard", "x"], "use I/N"),
+    (["build", "--executor", "dask"], "unknown executor 'dask'"),
+    (["build", "--progress", "fancy"], "Invalid value for '--progress'"),
+])
+def test_bad_build_arguments_are_usage_errors(args, needle, root):
+    res = CliRunner().invoke(cli, ["--root", str(root), *args])
+    assert res.exit_code == 2 and needle in res.output
+
+
+def _shard(path: Path, index: int, count: int, only=(), bundle="sm90a") -> Path:
+    path.mkdir(parents=True)
+    (path / SHARD_FILE).write_text(json.dumps({
+        "schema": SHARD_SCHEMA, "bundle": bundle, "arch": "sm_90a", "shard": [index, count],
+        "selection": {"pipelines": [], "arches": [], "only": list(only)}, "kernels": []}))
+    return path
+
+
+def test_load_shards_finds_shards_below_a_directory_and_rejects_others(tmp_path):
+    _shard(tmp_path / "shards" / "sm90a" / "1-of-2", 1, 2)
+    _shard(tmp_path / "shards" / "sm90a" / "2-of-2", 2, 2)
+    assert [s.index for s in load_shards([tmp_path / "shards"])] == [1, 2]
+    (tmp_path / "empty").mkdir()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / SHARD_FILE).write_text("{not json")
+    with pytest.raises(DiagnosticError) as exc:
+        load_shards([tmp_path / "empty", broken])
+    assert sorted(d.rule for d in exc.value.diagnostics) == ["SHARD-CORRUPT", "SHARD-MISSING"]
+
+
+def test_shards_of_different_runs_do_not_merge(tmp_path):
+    a = _shard(tmp_path / "a", 1, 2)
+    b = _shard(tmp_path / "b", 2, 2, only=("*64x*",))
+    with pytest.raises(DiagnosticError) as exc:
+        _common_selection(load_shards([a, b]))
+    assert [d.rule for d in exc.value.diagnostics] == ["SHARD-MIXED"]
+    c = _shard(tmp_path / "c", 1, 3)
+    d = _shard(tmp_path / "d", 1, 3)
+    with pytest.raises(DiagnosticError) as exc:
+        _common_selection(load_shards([c, d]))
+    (problem,) = exc.value.diagnostics
+    assert problem.rule == "SHARD-INCOMPLETE"
+    assert "2/3, 3/3 missing" in problem.message and "shards 1 given twice" in problem.message
+
+
+@pytest.mark.parametrize("command", [["list"], ["build", "--progress", "none"]])
+def test_a_missing_toolchain_piece_is_a_usage_error_not_a_traceback(command, root, tmp_path, monkeypatch):
+    def missing():
+        raise ToolchainError("the build toolchain needs the nvidia-cutlass-dsl wheel")
+
+    monkeypatch.setattr("builder.build.compiler_fingerprint", missing)
+    res = CliRunner().invoke(cli, ["--root", str(root), *command, "--cache", str(tmp_path)])
+    assert res.exit_code == 2 and "needs the nvidia-cutlass-dsl wheel" in res.stderr
+    assert res.exception is None or isinstance(res.exception, SystemExit)
+
+
+def test_merge_of_a_missing_directory_is_a_usage_error(tmp_path, root):
+    res = CliRunner().invoke(cli, ["--root", str(root), "merge", str(tmp_path / "nope")])
+    assert res.exit_code == 2 and "does not exist" in res.output
