@@ -42,8 +42,9 @@ class Validation:
     catalog: Catalog | None
     facts: FactTable | None
     templates: TemplateSet | None
-    kernels: tuple[KernelContext, ...]
+    kernels: tuple[KernelContext, ...]  # buildable: no error of their own
     diagnostics: tuple[Diagnostic, ...]
+    planned: tuple[KernelContext, ...] = ()  # every kernel with a derived plan, valid or not
 
     @property
     def ok(self) -> bool:
@@ -68,14 +69,15 @@ def validate_project(project: Project, catalog_dir: Path | None = None,
         diagnostics.extend(exc.diagnostics)
     if facts is None or templates is None or catalog is None:
         return Validation(catalog, facts, templates, (), tuple(diagnostics))
-    kernels, found = check_catalog(catalog, facts, templates)
+    kernels, planned, found = check_catalog(catalog, facts, templates)
     diagnostics.extend(found)
-    return Validation(catalog, facts, templates, kernels, tuple(diagnostics))
+    return Validation(catalog, facts, templates, kernels, tuple(diagnostics), planned)
 
 
-def check_catalog(catalog: Catalog, facts: FactTable,
-                  templates: TemplateSet) -> tuple[tuple[KernelContext, ...], list[Diagnostic]]:
-    """Run every rule on every entry; return the buildable kernels and all findings.
+def check_catalog(catalog: Catalog, facts: FactTable, templates: TemplateSet
+                  ) -> tuple[tuple[KernelContext, ...], tuple[KernelContext, ...], list[Diagnostic]]:
+    """Run every rule on every entry; return the buildable kernels, every planned
+    kernel and all findings.
 
     A rule that needs a fact the pipeline lacks reports FACT-MISSING (once per
     fact and rule) and the other rules still run. A kernel is buildable when
@@ -132,4 +134,4 @@ def check_catalog(catalog: Catalog, facts: FactTable,
     for r in RULES:
         if r.scope == "catalog":
             diagnostics.extend(run(r.check, tuple(contexts), r.id, "the catalog")[0])
-    return tuple(buildable.values()), diagnostics
+    return tuple(buildable.values()), tuple(contexts), diagnostics
