@@ -27,7 +27,7 @@ from pathlib import Path
 from builder.bundle import BundleFile, bundle_name, library_name, write_bundle
 from builder.cache import ContentCache, canonical_key
 from builder.compile import CompileFailure, CompileJob, CompileOutput
-from builder.cubin import CubinInfo, inspect_cubin
+from builder.cubin import CubinInfo, compiled_for, inspect_cubin
 from builder.diagnostics import Diagnostic, DiagnosticError, Location, Severity
 from builder.link import LinkInput, link_library, render_glue
 from builder.manifest import make_manifest
@@ -200,8 +200,12 @@ def _record_from_result(ctx: KernelContext, job: CompileJob, result: CompileOutp
         entry = entry_points(result.object_bytes, result.prefix)
         cubin = cubins(fatbin(result.object_bytes))[0]
         info = inspect_cubin(cubin)
+        target = compiled_for(cubin)
     except (ObjectFormatError, RuntimeError) as exc:
         return KernelRecord(job.kernel_id, job.arch, "failed", result.seconds, error=str(exc), ctx=ctx)
+    if target != job.arch:
+        return KernelRecord(job.kernel_id, job.arch, "failed", result.seconds, ctx=ctx, error=(
+            f"CUBIN-ARCH: the cubin was assembled for {target}, not the requested target {job.arch}"))
     expected = ctx.plan.smem.dynamic_bytes
     if result.traced_smem_bytes != expected or info.static_smem_bytes != ctx.plan.smem.static_bytes:
         return KernelRecord(job.kernel_id, job.arch, "failed", result.seconds, ctx=ctx, error=(

@@ -39,6 +39,8 @@ class Supports(_Strict):
     tile_m: dict[PositiveInt, list[PositiveInt]] | None = Field(
         default=None, description="per CTA group, the CTA tile M values implemented (all legal ones if absent)")
     block_scales: list[BlockScaleModel] = Field(default=[], description="block-scaled operand formats implemented")
+    b_rows_multiple: PositiveInt | None = Field(
+        default=None, description="B rows one CTA loads (tile N / cta_group) must be a multiple of this")
 
 
 class Sm90Parameters(_Strict):
@@ -103,6 +105,11 @@ class Template:
             offered = ", ".join(map(str, s.tile_m.get(config.cta_group, []))) or "none"
             return "tile", f"tile M {config.tile.m} is not implemented with cta_group {config.cta_group} " \
                            f"(offered: {offered})"
+        rows = config.tile.n // config.cta_group
+        if s.b_rows_multiple is not None and (config.tile.n % config.cta_group or rows % s.b_rows_multiple):
+            step = s.b_rows_multiple * config.cta_group
+            return "tile", (f"tile N {config.tile.n} gives {config.tile.n / config.cta_group:g} B rows per CTA, not a "
+                            f"multiple of {s.b_rows_multiple} (use a multiple of {step})")
         scale = config.block_scale
         if scale is not None and not any((x.scale, x.block) == (scale.scale, scale.block) for x in s.block_scales):
             offered = ", ".join(f"{x.scale.value}x{x.block}" for x in s.block_scales) or "none, dense only"
