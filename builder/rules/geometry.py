@@ -91,7 +91,7 @@ def check_tile_k(ctx: KernelContext) -> Iterator[Diagnostic]:
 @rule("CTA-K-BYTES", "the CTA tile K bytes are within (or equal to) the pipeline's per-stage K")
 def check_cta_k(ctx: KernelContext) -> Iterator[Diagnostic]:
     if ctx.mma != "tcgen05":
-        return  # warpgroup MMA stages any K the TMA box allows (TMA-BOX)
+        return  # warpgroup MMA has no per-stage K limit; the DSL cuts any K into TMA boxes
     cfg = ctx.entry.config
     bits = cfg.dtypes.a.bits
     k_bytes = cfg.tile.k * bits // 8
