@@ -36,12 +36,13 @@ def main(ctx: click.Context, root: str | None) -> None:
     ctx.obj = _root(root)
 
 
-def _report(diagnostics, fmt: str, stream=None) -> None:
+def _report(diagnostics, fmt: str) -> None:
+    """JSON and GitHub annotations go to stdout (for tools); text to stderr (for people)."""
     text = render(diagnostics, fmt)
     if fmt == "json":
-        click.echo(text, file=stream)
+        click.echo(text)
     elif text:
-        click.echo(text, file=stream or sys.stderr)
+        click.echo(text, err=fmt == "text")
 
 
 @main.command()

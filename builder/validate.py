@@ -80,12 +80,13 @@ def check_catalog(catalog: Catalog, facts: FactTable, templates: TemplateSet
     kernel and all findings.
 
     A rule that needs a fact the pipeline lacks reports FACT-MISSING (once per
-    fact and rule) and the other rules still run. A kernel is buildable when
-    its own rules found no error; of kernels sharing an id only the first is.
+    fact and rule) and the other rules still run. A kernel is clean when its
+    own rules found no error; catalog rules (duplicates, shadowing) look at
+    the clean kernels, and of clean kernels sharing an id the first is buildable.
     """
     diagnostics: list[Diagnostic] = []
     contexts: list[KernelContext] = []
-    buildable: dict[str, KernelContext] = {}
+    clean: list[KernelContext] = []
     reported: set[tuple[str, str]] = set()
 
     def run(check, arg, rule_id: str, where: str) -> tuple[list[Diagnostic], bool]:
@@ -130,8 +131,11 @@ def check_catalog(catalog: Catalog, facts: FactTable, templates: TemplateSet
                 broken = broken or missing
         diagnostics.extend(found)
         if not broken and not has_errors(found):
-            buildable.setdefault(kid, ctx)
+            clean.append(ctx)
     for r in RULES:
         if r.scope == "catalog":
-            diagnostics.extend(run(r.check, tuple(contexts), r.id, "the catalog")[0])
+            diagnostics.extend(run(r.check, tuple(clean), r.id, "the catalog")[0])
+    buildable: dict[str, KernelContext] = {}
+    for c in clean:
+        buildable.setdefault(c.entry.kernel_id, c)
     return tuple(buildable.values()), tuple(contexts), diagnostics

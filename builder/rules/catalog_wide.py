@@ -61,9 +61,10 @@ def check_shadowed(kernels: tuple[KernelContext, ...]) -> Iterator[Diagnostic]:
             continue
         rival = selected.setdefault(selection_key(ctx), ctx)
         if rival is not ctx:
-            first, later = sorted((rival.entry.kernel_id, kid))
-            yield ctx.diag("SHADOWED", None, f"the runtime cannot tell it from {rival.entry.kernel_id} "
-                           f"({rival.entry.locate()}): same dtypes, layout, contract, tile M x N and cluster; "
-                           f"its model ties and picks {first}, so {later} runs only if a tuning table names it",
-                           "drop it, make it differ in tile M x N or cluster, or keep it for `tilekiln tune`",
-                           Severity.WARNING)
+            # The model ties and the smaller id wins; the warning goes to the one that never runs.
+            winner, loser = sorted((rival, ctx), key=lambda c: c.entry.kernel_id)
+            yield loser.diag("SHADOWED", None, f"the runtime cannot tell it from {winner.entry.kernel_id} "
+                             f"({winner.entry.locate()}): same dtypes, layout, contract, tile M x N and cluster, "
+                             "so its model ties and picks the smaller id; this kernel runs only if a tuning table "
+                             "names it", "drop it, make it differ in tile M x N or cluster, or keep it for "
+                             "`tilekiln tune`", Severity.WARNING)

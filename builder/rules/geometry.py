@@ -47,7 +47,7 @@ def check_tile_m(ctx: KernelContext) -> Iterator[Diagnostic]:
         pair = f" (a CTA pair covers {cfg.cta_group} x {tm} = {mma_m} rows)" if cfg.cta_group > 1 else ""
         kind = "block-scaled " if cfg.block_scale is not None else ""
         tiles = ", ".join(str(m // cfg.cta_group) for m in allowed)
-        yield ctx.diag("MMA-TILE-M", "tile", f"tile M {tm}{pair} is not a {kind}MMA M of pipeline "
+        yield ctx.diag("MMA-TILE-M", "tile", f"tile M {tm}{pair} is not a legal {kind}MMA M of pipeline "
                        f"{ctx.facts.pipeline} with cta_group {cfg.cta_group} ({name}: "
                        f"{', '.join(map(str, allowed))})", f"use tile M {tiles}", **{name: allowed})
 

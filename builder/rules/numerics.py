@@ -89,7 +89,7 @@ def check_dtype_arch(ctx: KernelContext) -> Iterator[Diagnostic]:
         return
     only_on = [tuple(cc) for cc in match[0].only_on]
     for name, outside in _targets_outside(ctx, only_on):
-        yield ctx.diag("DTYPE-ARCH", "targets", f"this MMA kind exists only on SM {_cc(only_on)}, but a {name} "
+        yield ctx.diag("DTYPE-ARCH", "targets", f"this MMA kind exists only on SM {_cc(only_on)}, but an {name} "
                        f"cubin may run on SM {_cc(outside)}",
                        "drop the target (an 'f' target also runs on later minors of its family) or the dtype",
                        only_on=[list(cc) for cc in only_on], outside=[list(cc) for cc in outside])
