@@ -14,8 +14,13 @@ from __future__ import annotations
 from builder.catalog import CatalogEntry
 from builder.derive import Sm90Plan, Tcgen05Plan, make_plan, sm90_smem, tcgen05_smem
 from builder.facts import PipelineFacts
-from builder.rules import catalog_wide, contract, geometry, memory, numerics  # noqa: F401  (register rules)
 from builder.rules.registry import RULES, KernelContext, Rule, catalog_rule, rule
+# Importing a topic module registers its rules; RULES keeps this order.
+from builder.rules import numerics  # noqa: E402,F401  isort: skip
+from builder.rules import geometry  # noqa: E402,F401  isort: skip
+from builder.rules import memory  # noqa: E402,F401  isort: skip
+from builder.rules import contract  # noqa: E402,F401  isort: skip
+from builder.rules import catalog_wide  # noqa: E402,F401  isort: skip
 from builder.templates import Template
 
 __all__ = ["RULES", "KernelContext", "Rule", "catalog_rule", "make_context", "rule", "summarize"]
@@ -43,6 +48,7 @@ def summarize(ctx: KernelContext) -> dict[str, object]:
         "smem_epilogue_bytes": p.smem.epilogue_bytes,
         "smem_barrier_bytes": p.smem.barrier_bytes,
         "smem_static_bytes": p.smem.static_bytes,
+        # The templates are persistent with one CTA per SM (min_blocks_per_mp=1).
         "occupancy_ctas_per_sm": 1 if p.max_fitting_stages else 0,
         "epilogue_tile": [p.epi_m, p.epi_n],
         "stride_divisibility_elements": list(p.stride_divisibility),

@@ -25,12 +25,12 @@ kernels:
 """
 
 
-def make_project(base: Path, catalog: str = SMALL_CATALOG, name: str = "sm90.yaml") -> Path:
-    for directory in ("catalog", "templates"):
-        shutil.copytree(ROOT / directory, base / directory)
+def make_project(base: Path, catalog: str = SMALL_CATALOG) -> Path:
+    for name in ("catalog", "templates"):
+        shutil.copytree(ROOT / name, base / name)
     for old in (base / "catalog" / "gemm").glob("*.yaml"):
         old.unlink()
-    (base / "catalog" / "gemm" / name).write_text(catalog)
+    (base / "catalog" / "gemm" / "sm90.yaml").write_text(catalog)
     return base
 
 

@@ -12,8 +12,10 @@ import json
 
 import pytest
 
+from builder.build import BuildRequest, build
 from builder.cubin import compiled_for
-from tests.compile.conftest import make_project, run_build
+from builder.parallel import LocalExecutor
+from tests.fixture_catalogs import make_project
 
 pytestmark = pytest.mark.compile
 
@@ -39,8 +41,11 @@ kernels:
 @pytest.fixture(scope="module")
 def sm100_build(tmp_path_factory):
     base = tmp_path_factory.mktemp("sm100")
-    project = make_project(base / "project", CATALOG, name="sm100.yaml")
-    result = run_build(project, base / "artifacts", base / "cache", jobs=2)
+    catalog = base / "sm100.yaml"
+    catalog.write_text(CATALOG)
+    project = make_project(base / "project", [catalog])
+    result = build(BuildRequest(root=project, out_dir=base / "artifacts", cache_dir=base / "cache",
+                                executor=LocalExecutor(2), progress="none"))
     assert result.ok, [r.error for b in result.bundles for r in b.failed]
     return {b.arch: b for b in result.bundles}
 

@@ -26,6 +26,12 @@ def test_every_rule_and_loader_diagnostic_has_fixtures():
     assert have_fail <= wanted, "fixture directories named after no rule"
 
 
+def test_every_rule_is_documented(root):
+    text = (root / "docs" / "catalog.md").read_text()
+    undocumented = [r for r in (*RULE_IDS, *LOADER_IDS) if f"**{r}**" not in text and f"| {r} |" not in text]
+    assert not undocumented, "add these to docs/catalog.md"
+
+
 @pytest.mark.parametrize("rule, path", FAIL, ids=[f"{r}/{p.stem}" for r, p in FAIL])
 def test_failing_fixture_reports_the_rule_at_the_marked_lines(tmp_path, rule, path):
     expected = {(e.file, e.line) for e in expectations(path, *overlay_files(path)) if e.rule == rule}
