@@ -108,8 +108,8 @@ class Template:
         rows = config.tile.n // config.cta_group
         if s.b_rows_multiple is not None and (config.tile.n % config.cta_group or rows % s.b_rows_multiple):
             step = s.b_rows_multiple * config.cta_group
-            return "tile", (f"tile N {config.tile.n} gives {config.tile.n / config.cta_group:g} B rows per CTA, not a "
-                            f"multiple of {s.b_rows_multiple} (use a multiple of {step})")
+            return "tile", (f"tile N {config.tile.n} gives each CTA {config.tile.n / config.cta_group:g} rows of B, not "
+                            f"a multiple of {s.b_rows_multiple} (use tile N a multiple of {step})")
         scale = config.block_scale
         if scale is not None and not any((x.scale, x.block) == (scale.scale, scale.block) for x in s.block_scales):
             offered = ", ".join(f"{x.scale.value}x{x.block}" for x in s.block_scales) or "none, dense only"
