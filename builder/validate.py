@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from builder.catalog import Catalog, load_catalog
-from builder.diagnostics import Diagnostic, DiagnosticError, Severity, has_errors
+from builder.diagnostics import Diagnostic, DiagnosticError, has_errors
 from builder.facts import FactTable, UnknownPipeline, load_facts
 from builder.rules import RULES, KernelContext, make_context
 from builder.templates import TemplateSet, load_templates
