@@ -33,6 +33,7 @@ from pathlib import Path
 from builder.bundle import BundleFile, bundle_name, library_name, write_bundle
 from builder.cache import ContentCache, canonical_key
 from builder.compile import COMPILE_ENV, CompileFailure, CompileJob, CompileOutput
+from builder.cubin import compiled_for
 from builder.diagnostics import Diagnostic, DiagnosticError, Location, Severity
 from builder.link import LinkInput, link_library, link_recipe, render_glue
 from builder.manifest import make_manifest
@@ -229,6 +230,12 @@ def _record_from_result(p: PlannedKernel, result: CompileOutput | CompileFailure
                       f"{'/'.join(t[:12] for t in result.toolchain)}, this build {'/'.join(t[:12] for t in local)}; "
                       "install the same tilekiln[build] wheels (and Python minor version) on every executor node")
     cubin, info = result.cubin, result.info
+    try:
+        target = compiled_for(cubin)
+    except RuntimeError as exc:
+        return failed(str(exc))
+    if target != job.arch:
+        return failed(f"CUBIN-ARCH: the cubin was assembled for {target}, not the requested target {job.arch}")
     expected = ctx.plan.smem.dynamic_bytes
     if result.traced_smem_bytes != expected or info.static_smem_bytes != ctx.plan.smem.static_bytes:
         return failed(

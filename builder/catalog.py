@@ -18,7 +18,7 @@ from typing import Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 
-from builder.config import Cluster, DTypes, KernelConfig, Layout, Raster, Schedule, Tile
+from builder.config import BlockScale, Cluster, DTypes, KernelConfig, Layout, Raster, Schedule, Tile
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.dtypes import DType
 from builder.naming import format_kernel_id
@@ -26,7 +26,8 @@ from builder.paths import display_path
 from builder.pydantic_errors import diagnostics_from_validation
 from builder.yamlsrc import YamlDocument, YamlPath, load_yaml
 
-KERNEL_FIELDS = ("dtypes", "layout", "tile", "cluster", "schedule", "raster", "swizzle", "stages")
+KERNEL_FIELDS = ("dtypes", "layout", "tile", "cluster", "cta_group", "block_scale", "schedule", "raster", "swizzle",
+                 "stages")
 REQUIRED_FIELDS = ("dtypes", "layout", "tile", "cluster")
 
 
@@ -41,6 +42,11 @@ class DTypesModel(_Strict):
     c: DType
 
 
+class BlockScaleModel(_Strict):
+    scale: DType = Field(description="scale-factor type, e.g. e4m3 (nvfp4) or e8m0 (mx formats)")
+    block: PositiveInt = Field(description="K elements sharing one scale factor, e.g. 16 or 32")
+
+
 LayoutCode = Literal["tn", "nn", "nt", "tt"]
 Stages = PositiveInt | Literal["auto"]
 
@@ -50,6 +56,8 @@ class KernelFields(_Strict):
     layout: LayoutCode | None = Field(default=None, description="BLAS letters: A t=K-major/n=M-major, B n=K-major/t=N-major")
     tile: tuple[PositiveInt, PositiveInt, PositiveInt] | None = Field(default=None, description="CTA tile [M, N, K]")
     cluster: tuple[PositiveInt, PositiveInt] | None = Field(default=None, description="cluster shape [M, N] in CTAs")
+    cta_group: PositiveInt | None = Field(default=None, description="CTAs per MMA instruction: 1, or 2 for a CTA pair")
+    block_scale: BlockScaleModel | None = Field(default=None, description="block-scaled operands: scale type and block")
     schedule: Schedule | None = None
     raster: Raster | None = None
     swizzle: PositiveInt | None = Field(default=None, description="tiles per band in the raster walk (L2 reuse)")
@@ -61,6 +69,8 @@ class SweepFields(_Strict):
     layout: list[LayoutCode] | None = Field(default=None, min_length=1)
     tile: list[tuple[PositiveInt, PositiveInt, PositiveInt]] | None = Field(default=None, min_length=1)
     cluster: list[tuple[PositiveInt, PositiveInt]] | None = Field(default=None, min_length=1)
+    cta_group: list[PositiveInt] | None = Field(default=None, min_length=1)
+    block_scale: list[BlockScaleModel] | None = Field(default=None, min_length=1)
     schedule: list[Schedule] | None = Field(default=None, min_length=1)
     raster: list[Raster] | None = Field(default=None, min_length=1)
     swizzle: list[PositiveInt] | None = Field(default=None, min_length=1)
@@ -239,6 +249,7 @@ def _make_config(pipeline: str, fields: dict[str, tuple[object, YamlPath]]) -> K
     tile = get("tile")
     cluster = get("cluster")
     stages = get("stages")
+    scale = get("block_scale")
     return KernelConfig(
         pipeline=pipeline,
         dtypes=DTypes(d.a, d.b, d.acc, d.c),
@@ -249,5 +260,7 @@ def _make_config(pipeline: str, fields: dict[str, tuple[object, YamlPath]]) -> K
         raster=get("raster", Raster.M),
         swizzle=get("swizzle", 1),
         stages=None if stages in (None, "auto") else stages,
+        cta_group=get("cta_group", 1),
+        block_scale=None if scale is None else BlockScale(scale.scale, scale.block),
     )
 

@@ -37,19 +37,20 @@ def main(ctx: click.Context, root: str | None) -> None:
     ctx.obj = _root(root)
 
 
-def _report(diagnostics, fmt: str, stream=None) -> None:
+def _report(diagnostics, fmt: str) -> None:
+    """JSON and GitHub annotations go to stdout (for tools); text to stderr (for people)."""
     text = render(diagnostics, fmt)
     if fmt == "json":
-        click.echo(text, file=stream)
+        click.echo(text)
     elif text:
-        click.echo(text, file=stream or sys.stderr)
+        click.echo(text, err=fmt == "text")
 
 
 @main.command()
 @click.argument("paths", nargs=-1, type=click.Path())
 @click.option("--format", "fmt", type=FORMATS, default="text", show_default=True)
 @click.option("--explain", "explain_id", metavar="ID", default=None,
-              help="print the derived values (stages, shared memory, registers) of one kernel")
+              help="print the derived values (stages, shared and tensor memory per stage, occupancy) of one kernel")
 @click.option("--strict", is_flag=True, help="treat warnings as errors")
 @click.pass_obj
 def validate(root: Path, paths: tuple[str, ...], fmt: str, explain_id: str | None, strict: bool) -> None:
@@ -69,11 +70,14 @@ def validate(root: Path, paths: tuple[str, ...], fmt: str, explain_id: str | Non
             files = (files or []) + [path]
     result = validate_project(project, catalog_dir, files)
     if explain_id is not None:
-        match = [k for k in result.kernels if k.entry.kernel_id == explain_id]
+        match = [k for k in result.planned if k.entry.kernel_id == explain_id]
         if not match:
             _report(result.diagnostics, fmt)
-            raise click.UsageError(f"no valid kernel with id {explain_id!r} in the catalog")
-        click.echo(json.dumps(summarize(match[0]), indent=2))
+            known = ", ".join(sorted(k.entry.kernel_id for k in result.planned)[:5])
+            raise click.UsageError(f"no kernel with id {explain_id!r} in the catalog (e.g. {known or 'none'})")
+        summary = summarize(match[0]) | {
+            "problems": [d.to_json() for d in result.diagnostics if d.message.startswith(f"{explain_id}:")]}
+        click.echo(json.dumps(summary, indent=2))
         sys.exit(EXIT_OK)
     _report(result.diagnostics, fmt)
     failing = has_errors(result.diagnostics) or (strict and any(
@@ -89,13 +93,25 @@ def validate(root: Path, paths: tuple[str, ...], fmt: str, explain_id: str | Non
 
 @main.command()
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="write to a file instead of stdout")
-def schema(out: str | None) -> None:
-    """Write the JSON Schema of catalog files (for editor completion and checks)."""
-    from builder.catalog import CatalogFile
+@click.option("--of", "kind", type=click.Choice(["catalog", "settings", "facts", "template"]), default="catalog",
+              show_default=True, help="catalog/gemm/*.yaml, catalog/catalog.yaml, catalog/hardware/*.yaml or "
+              "templates/*.yaml")
+def schema(out: str | None, kind: str) -> None:
+    """Write the JSON Schema of catalog files (for editor completion and checks).
 
-    text = json.dumps(CatalogFile.model_json_schema(), indent=2) + "\n"
+    Editors that run yaml-language-server pick it up from a modeline on the
+    first line of a catalog file: ``# yaml-language-server: $schema=<path>``
+    (docs/catalog.md).
+    """
+    from builder.atomic import write_text_atomic
+    from builder.schemas import schema_of
+
+    text = json.dumps(schema_of(kind), indent=2) + "\n"
     if out:
-        Path(out).write_text(text)
+        try:
+            write_text_atomic(Path(out), text)
+        except OSError as exc:
+            raise click.UsageError(f"--out {out}: cannot write ({exc.strerror})") from None
     else:
         click.echo(text, nl=False)
 

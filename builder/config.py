@@ -67,6 +67,9 @@ class Layout:
 
 @dataclass(frozen=True)
 class Tile:
+    """The CTA tile: the M x N output block one CTA computes and the K elements
+    of one pipeline stage. Under a 2-CTA MMA a CTA pair covers 2M x N."""
+
     m: int
     n: int
     k: int
@@ -83,6 +86,14 @@ class Cluster:
 
 
 @dataclass(frozen=True)
+class BlockScale:
+    """Block-scaled operands: one ``scale``-typed factor per ``block`` consecutive K elements."""
+
+    scale: DType
+    block: int
+
+
+@dataclass(frozen=True)
 class KernelConfig:
     """One GEMM kernel: C[M,N] = A[M,K] @ B[K,N], batched over L."""
 
@@ -95,3 +106,5 @@ class KernelConfig:
     raster: Raster = Raster.M
     swizzle: int = 1
     stages: int | None = None  # None: the largest count that fits shared memory
+    cta_group: int = 1  # CTAs per MMA instruction: 2 pairs CTAs along M (tcgen05 only)
+    block_scale: BlockScale | None = None  # None: dense operands

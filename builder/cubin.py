@@ -5,10 +5,16 @@ matrix instructions we meant come out (``HGMMA``/``QGMMA`` on Hopper,
 ``UTC*MMA`` on Blackwell), is there local-memory traffic (``LDL``/``STL``, a
 spill), how many registers does the kernel take. Uses the pinned
 ``cuobjdump`` (with ``nvdisasm`` beside it for ``-sass``).
+
+:func:`compiled_for` reads the target the cubin was assembled for. The SASS
+header (``code for sm_100``) drops the ``f`` of family targets (an sm_100f
+cubin prints ``sm_100``), so it is read from the ptxas command line that
+``.note.nv.tkinfo`` records (``-arch sm_100f``), which keeps it.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
@@ -66,6 +72,20 @@ def inspect_cubin(cubin: bytes) -> CubinInfo:
     counts = Counter(m.group(1) for m in _SASS_RE.finditer(sass))
     census = tuple((op, counts.get(op, 0)) for op in CENSUS_OPCODES)
     return CubinInfo(arch.group(1) if arch else "unknown", regs, stack, shared, local, census)
+
+
+_TKINFO_ARCH = re.compile(rb"-arch (sm_\w+)")
+
+
+def compiled_for(cubin: bytes) -> str:
+    """The ``-arch`` the cubin was assembled for, e.g. ``sm_100f``; raises if it is not recorded."""
+    from elftools.elf.elffile import ELFFile
+
+    note = ELFFile(io.BytesIO(cubin)).get_section_by_name(".note.nv.tkinfo")
+    match = _TKINFO_ARCH.search(note.data()) if note is not None else None
+    if match is None:
+        raise RuntimeError("the cubin records no ptxas -arch in .note.nv.tkinfo")
+    return match.group(1).decode()
 
 
 def _run(cmd: list[str], env: dict) -> str:

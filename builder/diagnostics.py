@@ -38,6 +38,9 @@ class Location:
         return ":".join(parts)
 
 
+JSON_KEYS = ("file", "line", "column", "rule", "severity", "message", "hint")
+
+
 @dataclass(frozen=True)
 class Diagnostic:
     """One finding. ``rule`` is a stable id such as ``SMEM-BUDGET``.
@@ -54,16 +57,15 @@ class Diagnostic:
     facts: Mapping[str, object] = field(default_factory=dict)
 
     def to_json(self) -> dict:
+        """The ``--format json`` record: exactly the keys of :data:`JSON_KEYS`."""
         return {
             "file": self.location.file,
             "line": self.location.line,
             "column": self.location.column,
-            "path": self.location.path,
             "rule": self.rule,
             "severity": self.severity.value,
             "message": self.message,
             "hint": self.hint,
-            "facts": {k: _jsonable(v) for k, v in self.facts.items()},
         }
 
     def to_text(self) -> str:
@@ -83,16 +85,6 @@ class Diagnostic:
         props.append(f"title={self.rule}")
         body = self.message + (f" Hint: {self.hint}" if self.hint else "")
         return f"::{level} {','.join(props)}::{_github_escape(body)}"
-
-
-def _jsonable(value: object) -> object:
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    return str(value)
 
 
 def _github_escape(text: str) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.dtypes import DType
@@ -39,56 +39,89 @@ class IntRange(_Strict):
     max: int
     step: int
 
+    def __contains__(self, value: int) -> bool:
+        return self.min <= value <= self.max and value % self.step == 0
+
+    def __str__(self) -> str:
+        return f"{self.min}..{self.max} step {self.step}"
+
+
+ComputeCapability = tuple[int, int]
+
 
 class DTypeCombo(_Strict):
-    """An MMA input/accumulator combination and the output types its epilogue may write."""
+    """A dense MMA input/accumulator combination and the output types its epilogue may write."""
 
     a: DType
     b: DType
     acc: DType
     c: list[DType]
-    archs: list[str] | None = Field(default=None, description="only these targets have the instruction")
+    only_on: list[ComputeCapability] | None = Field(
+        default=None, description="the instruction exists only on these compute capabilities")
 
 
 class BlockScaleCombo(_Strict):
+    """A block-scaled MMA kind: operand types, scale-factor type and block size (elements per scale)."""
+
     name: str
     a: DType
     b: DType
     scale: DType
     block: int
-    archs: list[str] | None = None
+    acc: DType
+    c: list[DType]
+    only_on: list[ComputeCapability] | None = None
 
 
 class Target(_Strict):
     """A compile target: ``a`` targets run only on that exact compute capability,
-    ``f`` targets on the same major with minor >= the target's."""
+    ``f`` targets on the same major with minor >= the target's; ``runs_on``
+    lists the compute capabilities of the family a cubin may meet."""
 
     name: str = Field(pattern=r"^sm_\d+[af]?$")
     kind: Literal["a", "f"]
-    compute_capability: tuple[int, int]
+    compute_capability: ComputeCapability
+    runs_on: list[ComputeCapability] = Field(min_length=1)
+    source: str = Field(min_length=3)
+
+    @model_validator(mode="after")
+    def _runs_on_matches_kind(self) -> "Target":
+        major, minor = self.compute_capability
+        if self.kind == "a" and self.runs_on != [self.compute_capability]:
+            raise ValueError(f"an 'a' target runs only on its own compute capability [{major}, {minor}]")
+        if self.kind == "f" and (self.compute_capability not in self.runs_on or any(
+                m != major or n < minor for m, n in self.runs_on)):
+            raise ValueError(f"an 'f' target runs on compute capabilities [{major}, >= {minor}] "
+                             "including its own")
+        return self
 
 
 class FactsBody(_Strict):
     """Every fact any pipeline may declare; a pipeline leaves out what it lacks."""
 
     mma_instruction: Fact[Literal["wgmma", "tcgen05"]] | None = None
+    mma_cta_groups: Fact[list[int]] | None = None
     threads_per_warpgroup: Fact[int] | None = None
     mma_m_per_warpgroup: Fact[int] | None = None
     mma_m_1cta: Fact[list[int]] | None = None
     mma_m_2cta: Fact[list[int]] | None = None
+    mma_m_block_scaled_1cta: Fact[list[int]] | None = None
+    mma_m_block_scaled_2cta: Fact[list[int]] | None = None
     mma_n: Fact[IntRange] | None = None
-    mma_n_step_2cta: Fact[int] | None = None
+    mma_n_2cta: Fact[IntRange] | None = None
+    mma_n_step_mn_major_8bit: Fact[dict[int, int]] | None = None
     mma_k_bytes: Fact[int] | None = None
     cta_k_bytes_max: Fact[int] | None = None
     cta_k_bytes_fixed: Fact[int] | None = None
-    max_mma_per_cta_m: Fact[int] | None = None
     smem_per_block_optin: Fact[int] | None = None
     smem_oversized_carveout: Fact[int] | None = None
     smem_descriptor_limit: Fact[int] | None = None
     smem_buffer_alignment: Fact[int] | None = None
     mbarrier_bytes: Fact[int] | None = None
+    tmem_lanes: Fact[int] | None = None
     tmem_columns: Fact[int] | None = None
     tmem_exclusive_above: Fact[int] | None = None
+    tmem_alloc_min_columns: Fact[int] | None = None
     max_cluster_size: Fact[int] | None = None
     max_cluster_size_nonportable: Fact[int] | None = None
     cluster_dims_power_of_two: Fact[bool] | None = None
@@ -100,6 +133,8 @@ class FactsBody(_Strict):
     dtype_combos: Fact[list[DTypeCombo]] | None = None
     mn_major_dtypes: Fact[list[DType]] | None = None
     block_scale_combos: Fact[list[BlockScaleCombo]] | None = None
+    block_scale_atom_rows: Fact[int] | None = None
+    block_scale_atom_k_blocks: Fact[int] | None = None
 
 
 class FactsFile(_Strict):

@@ -3,9 +3,12 @@
     gemm_<pipeline>_<a>_<b>_<acc>_<c>_<layout>_<M>x<N>x<K>_c<CM>x<CN>[_<option>...]
 
 Options appear only when they differ from their default, in this fixed order:
-``pingpong`` (schedule), ``rn`` (raster along N), ``sw<S>`` (swizzle),
-``s<S>`` (explicit stage count). Example:
-``gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1``.
+``pingpong`` (schedule), ``2cta`` (CTA pair per MMA), ``sf<scale>x<block>``
+(block-scaled operands, e.g. ``sfe4m3x16``), ``rn`` (raster along N),
+``sw<S>`` (swizzle), ``s<S>`` (explicit stage count). Examples:
+``gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1``,
+``gemm_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_2cta``,
+``gemm_sm103_e2m1_e2m1_f32_bf16_tn_128x256x768_c1x1_sfe4m3x16``.
 ``parse_kernel_id(format_kernel_id(c)) == c`` for every canonical config, and
 a string that parses but is spelled differently from its canonical form
 (leading zeros, options out of order, a default spelled out) is rejected.
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from builder.config import Cluster, DTypes, KernelConfig, Layout, Raster, Schedule, Tile
+from builder.config import BlockScale, Cluster, DTypes, KernelConfig, Layout, Raster, Schedule, Tile
 from builder.dtypes import DType
 
 _DT = "|".join(sorted((d.value for d in DType), key=len, reverse=True))
@@ -24,6 +27,7 @@ _ID_RE = re.compile(
     r"_(?P<layout>[tn]{2})_(?P<tm>\d+)x(?P<tn>\d+)x(?P<tk>\d+)_c(?P<cm>\d+)x(?P<cn>\d+)"
     r"(?P<options>(?:_[a-z0-9]+)*)$"
 )
+_SCALE_RE = re.compile(rf"sf({_DT})x(\d+)")
 
 
 class KernelIdError(ValueError):
@@ -38,6 +42,10 @@ def format_kernel_id(config: KernelConfig) -> str:
     ]
     if config.schedule is not Schedule.COOPERATIVE:
         parts.append(config.schedule.value)
+    if config.cta_group != 1:
+        parts.append(f"{config.cta_group}cta")
+    if config.block_scale is not None:
+        parts.append(f"sf{config.block_scale.scale.value}x{config.block_scale.block}")
     if config.raster is not Raster.M:
         parts.append(f"r{config.raster.value}")
     if config.swizzle != 1:
@@ -55,9 +63,15 @@ def parse_kernel_id(kernel_id: str) -> KernelConfig:
             "gemm_<pipeline>_<a>_<b>_<acc>_<c>_<layout>_<M>x<N>x<K>_c<CM>x<CN>[_options]")
     g = match.groupdict()
     schedule, raster, swizzle, stages = Schedule.COOPERATIVE, Raster.M, 1, None
+    cta_group, block_scale = 1, None
     for token in filter(None, g["options"].split("_")):
+        scale = _SCALE_RE.fullmatch(token)
         if token == Schedule.PINGPONG.value:
             schedule = Schedule.PINGPONG
+        elif re.fullmatch(r"\d+cta", token):
+            cta_group = int(token[:-3])
+        elif scale:
+            block_scale = BlockScale(DType(scale.group(1)), int(scale.group(2)))
         elif token == "rn":
             raster = Raster.N
         elif re.fullmatch(r"sw\d+", token):
@@ -66,7 +80,7 @@ def parse_kernel_id(kernel_id: str) -> KernelConfig:
             stages = int(token[1:])
         else:
             raise KernelIdError(f"{kernel_id!r}: unknown option {token!r}; "
-                                "known: pingpong, rn, sw<S>, s<S>")
+                                "known: pingpong, <G>cta, sf<scale>x<block>, rn, sw<S>, s<S>")
     config = KernelConfig(
         pipeline=g["pipeline"],
         dtypes=DTypes(DType(g["a"]), DType(g["b"]), DType(g["acc"]), DType(g["c"])),
@@ -74,6 +88,7 @@ def parse_kernel_id(kernel_id: str) -> KernelConfig:
         tile=Tile(int(g["tm"]), int(g["tn"]), int(g["tk"])),
         cluster=Cluster(int(g["cm"]), int(g["cn"])),
         schedule=schedule, raster=raster, swizzle=swizzle, stages=stages,
+        cta_group=cta_group, block_scale=block_scale,
     )
     canonical = format_kernel_id(config)
     if canonical != kernel_id:

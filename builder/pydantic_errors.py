@@ -2,13 +2,14 @@
 
 pydantic reports a ``loc`` path into the data; the YAML document maps that
 path back to a line and column. Union and tagged-model internals that pydantic
-inserts into ``loc`` (class names, ``function-after`` steps) are dropped so the
-path matches the YAML keys.
+inserts into ``loc`` (type names, discriminator tags such as ``tcgen05``,
+``function-after`` steps) are dropped by walking the path through the data:
+an element is kept when the data has it there, or when it is the last one
+(the name of a missing key).
 """
 
 from __future__ import annotations
 
-import re
 
 from pydantic import ValidationError
 
@@ -27,11 +28,10 @@ _HINTS = {
 }
 
 
-def diagnostics_from_validation(exc: ValidationError, doc: YamlDocument, rule_prefix: str,
-                                base: tuple = ()) -> list[Diagnostic]:
+def diagnostics_from_validation(exc: ValidationError, doc: YamlDocument, rule_prefix: str) -> list[Diagnostic]:
     out = []
     for err in exc.errors(include_url=False):
-        path = base + tuple(p for p in err["loc"] if _is_data_key(p))
+        path = _data_path(err["loc"], doc.data)
         kind = err["type"]
         message = err["msg"]
         if kind == "extra_forbidden":
@@ -44,11 +44,15 @@ def diagnostics_from_validation(exc: ValidationError, doc: YamlDocument, rule_pr
     return out
 
 
-_TYPE_TAGS = {"int", "str", "float", "bool", "list", "dict", "tuple", "none", "is-instance"}
-
-
-def _is_data_key(part: object) -> bool:
-    """Keep YAML keys and indices; drop the union-member tags pydantic inserts."""
-    if isinstance(part, int):
-        return True
-    return re.fullmatch(r"[a-z_][a-z0-9_]*", str(part)) is not None and part not in _TYPE_TAGS
+def _data_path(loc: tuple, data: object) -> tuple:
+    path: list = []
+    node = data
+    for i, part in enumerate(loc):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif i < len(loc) - 1 or not isinstance(node, dict):
+            continue
+        path.append(part)
+    return tuple(path)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import jinja2
 
+from builder.derive import Tcgen05Plan
 from builder.rules import KernelContext
 
 
@@ -39,7 +40,7 @@ def _environment(directory: str) -> jinja2.Environment:
     )
 
 
-def template_context(ctx: KernelContext) -> dict[str, object]:
+def _common_context(ctx: KernelContext) -> dict[str, object]:
     cfg, plan = ctx.entry.config, ctx.plan
     return {
         "kernel_id": ctx.entry.kernel_id,
@@ -53,12 +54,7 @@ def template_context(ctx: KernelContext) -> dict[str, object]:
         "cluster_m": cfg.cluster.m, "cluster_n": cfg.cluster.n,
         "stages": plan.stages,
         "epi_m": plan.epi_m, "epi_n": plan.epi_n, "epi_stages": plan.epi_stages,
-        "consumer_wgs": plan.consumer_wgs,
-        "wg_threads": plan.threads // (1 + plan.consumer_wgs),
-        "wg_tile_m": plan.wg_tile_m,
         "threads": plan.threads,
-        "producer_regs": plan.producer_regs,
-        "consumer_regs": plan.consumer_regs,
         "raster": cfg.raster.value,
         "raster_along_m": cfg.raster.value == "m",
         "swizzle": cfg.swizzle,
@@ -68,6 +64,28 @@ def template_context(ctx: KernelContext) -> dict[str, object]:
         "c_stride_div": plan.stride_divisibility[2],
         # 8-bit float inputs carry per-tensor scales, applied in the epilogue.
         "scaled": cfg.dtypes.a.value in ("e4m3", "e5m2"),
+    }
+
+
+def template_context(ctx: KernelContext) -> dict[str, object]:
+    """The template variables: the config and the plan the validator checked."""
+    plan = ctx.plan
+    if isinstance(plan, Tcgen05Plan):
+        cfg = ctx.entry.config
+        return _common_context(ctx) | {
+            "cta_group": plan.cta_group,
+            "mma_m": plan.mma_m,
+            "b_rows": cfg.tile.n // plan.cta_group,
+            "k_blocks": plan.k_blocks,
+            "acc_stages": plan.acc_stages,
+            "tmem_columns": plan.tmem_alloc_columns,
+        }
+    return _common_context(ctx) | {
+        "consumer_wgs": plan.consumer_wgs,
+        "wg_threads": plan.threads // (1 + plan.consumer_wgs),
+        "wg_tile_m": plan.wg_tile_m,
+        "producer_regs": plan.producer_regs,
+        "consumer_regs": plan.consumer_regs,
     }
 
 

@@ -1,8 +1,11 @@
 """Kernel templates and what each one implements.
 
 Every ``templates/<name>.py.j2`` has a ``templates/<name>.yaml`` manifest
-beside it: the pipeline it serves, the dtype/layout/schedule combinations it
-implements and its fixed design parameters (register split, epilogue depth).
+beside it: the pipeline it serves, the dtype/layout/schedule/CTA-group
+combinations it implements and its fixed design parameters. The parameters
+are per design (``parameters.kind``): the warpgroup-MMA template of sm90 has
+a register split, the tcgen05 template an accumulator depth in tensor memory
+and whether its launch asks for the oversized shared-memory carveout.
 Hardware limits never appear here; they are in ``catalog/hardware``.
 """
 
@@ -12,9 +15,11 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import Annotated, Literal
 
-from builder.catalog import DTypesModel, LayoutCode
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+
+from builder.catalog import BlockScaleModel, DTypesModel, LayoutCode
 from builder.config import KernelConfig, Schedule
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.paths import display_path
@@ -30,9 +35,16 @@ class Supports(_Strict):
     dtypes: list[DTypesModel] = Field(min_length=1)
     layouts: list[LayoutCode] = Field(min_length=1)
     schedules: list[Schedule] = Field(min_length=1)
+    cta_groups: list[PositiveInt] = Field(default=[1], min_length=1)
+    tile_m: dict[PositiveInt, list[PositiveInt]] | None = Field(
+        default=None, description="per CTA group, the CTA tile M values implemented (all legal ones if absent)")
+    block_scales: list[BlockScaleModel] = Field(default=[], description="block-scaled operand formats implemented")
+    b_rows_multiple: PositiveInt | None = Field(
+        default=None, description="B rows one CTA loads (tile N / cta_group) must be a multiple of this")
 
 
 class Sm90Parameters(_Strict):
+    kind: Literal["wgmma"]
     producer_registers: int
     epilogue_stages: int
     epilogue_tile_n: int
@@ -41,11 +53,26 @@ class Sm90Parameters(_Strict):
     max_consumer_warpgroups: int
 
 
+class Tcgen05Parameters(_Strict):
+    kind: Literal["tcgen05"]
+    threads: PositiveInt = Field(description="threads per CTA (the template's warp roles)")
+    acc_stages: PositiveInt = Field(description="accumulator buffers in tensor memory")
+    epilogue_stages: PositiveInt
+    epilogue_tile_n: PositiveInt = Field(description="widest epilogue sub-tile N; halved until it divides tile N")
+    epilogue_tile_m: PositiveInt = Field(description="epilogue sub-tile rows (one TMEM lane per row)")
+    static_smem_bytes: int
+    max_stages: PositiveInt
+    oversized_smem_launch: bool = Field(description="the generated launch requests the oversized carveout")
+
+
+TemplateParameters = Annotated[Sm90Parameters | Tcgen05Parameters, Field(discriminator="kind")]
+
+
 class TemplateManifest(_Strict):
     template: str
     pipeline: str
     supports: Supports
-    parameters: Sm90Parameters
+    parameters: TemplateParameters
 
 
 @dataclass(frozen=True)
@@ -59,18 +86,35 @@ class Template:
     def source_sha256(self) -> str:
         return hashlib.sha256(self.path.read_bytes()).hexdigest()
 
-    def unsupported(self, config: KernelConfig) -> str | None:
-        """Why this template cannot build ``config``, or None if it can."""
+    def unsupported(self, config: KernelConfig) -> tuple[str, str] | None:
+        """(catalog field, why) if this template cannot build ``config``, else None."""
         s = self.manifest.supports
         d = config.dtypes
         if not any((x.a, x.b, x.acc, x.c) == (d.a, d.b, d.acc, d.c) for x in s.dtypes):
             offered = ", ".join(f"{x.a.value}/{x.b.value}/{x.acc.value}/{x.c.value}" for x in s.dtypes)
-            return f"dtypes {'/'.join(d.tokens)} are not implemented (offered: {offered})"
+            return "dtypes", f"dtypes {'/'.join(d.tokens)} are not implemented (offered: {offered})"
         if config.layout.code not in s.layouts:
-            return f"layout {config.layout.code} is not implemented (offered: {', '.join(s.layouts)})"
+            return "layout", f"layout {config.layout.code} is not implemented (offered: {', '.join(s.layouts)})"
         if config.schedule not in s.schedules:
-            return (f"schedule {config.schedule.value} is not implemented "
-                    f"(offered: {', '.join(x.value for x in s.schedules)})")
+            return "schedule", (f"schedule {config.schedule.value} is not implemented "
+                                f"(offered: {', '.join(x.value for x in s.schedules)})")
+        if config.cta_group not in s.cta_groups:
+            return "cta_group", (f"cta_group {config.cta_group} is not implemented "
+                                 f"(offered: {', '.join(map(str, s.cta_groups))})")
+        if s.tile_m is not None and config.tile.m not in s.tile_m.get(config.cta_group, []):
+            offered = ", ".join(map(str, s.tile_m.get(config.cta_group, []))) or "none"
+            return "tile", f"tile M {config.tile.m} is not implemented with cta_group {config.cta_group} " \
+                           f"(offered: {offered})"
+        rows = config.tile.n // config.cta_group
+        if s.b_rows_multiple is not None and (config.tile.n % config.cta_group or rows % s.b_rows_multiple):
+            step = s.b_rows_multiple * config.cta_group
+            return "tile", (f"tile N {config.tile.n} gives each CTA {config.tile.n / config.cta_group:g} rows of B, not "
+                            f"a multiple of {s.b_rows_multiple} (use tile N a multiple of {step})")
+        scale = config.block_scale
+        if scale is not None and not any((x.scale, x.block) == (scale.scale, scale.block) for x in s.block_scales):
+            offered = ", ".join(f"{x.scale.value}x{x.block}" for x in s.block_scales) or "none, dense only"
+            return "block_scale", f"block_scale {scale.scale.value}x{scale.block} is not implemented " \
+                                  f"(offered: {offered})"
         return None
 
 

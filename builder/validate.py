@@ -1,18 +1,18 @@
 """Validate a catalog against the hardware facts and the templates.
 
 Runs every rule of ``builder.rules`` on every expanded kernel plus the
-catalog-wide checks (duplicate ids), collecting all problems rather than
+catalog-wide rules (duplicate ids, shadowed kernels), collecting all problems rather than
 stopping at the first. The result keeps one :class:`KernelContext` per valid
 kernel for the build stages.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from builder.catalog import Catalog, load_catalog
-from builder.diagnostics import Diagnostic, DiagnosticError, Severity, has_errors
+from builder.diagnostics import Diagnostic, DiagnosticError, has_errors
 from builder.facts import FactTable, UnknownPipeline, load_facts
 from builder.rules import RULES, KernelContext, make_context
 from builder.templates import TemplateSet, load_templates
@@ -42,8 +42,9 @@ class Validation:
     catalog: Catalog | None
     facts: FactTable | None
     templates: TemplateSet | None
-    kernels: tuple[KernelContext, ...]
+    kernels: tuple[KernelContext, ...]  # buildable: no error of their own
     diagnostics: tuple[Diagnostic, ...]
+    planned: tuple[KernelContext, ...] = ()  # every kernel with a derived plan, valid or not
 
     @property
     def ok(self) -> bool:
@@ -68,44 +69,73 @@ def validate_project(project: Project, catalog_dir: Path | None = None,
         diagnostics.extend(exc.diagnostics)
     if facts is None or templates is None or catalog is None:
         return Validation(catalog, facts, templates, (), tuple(diagnostics))
-    kernels, found = check_catalog(catalog, facts, templates)
+    kernels, planned, found = check_catalog(catalog, facts, templates)
     diagnostics.extend(found)
-    return Validation(catalog, facts, templates, kernels, tuple(diagnostics))
+    return Validation(catalog, facts, templates, kernels, tuple(diagnostics), planned)
 
 
-def check_catalog(catalog: Catalog, facts: FactTable,
-                  templates: TemplateSet) -> tuple[tuple[KernelContext, ...], list[Diagnostic]]:
+def check_catalog(catalog: Catalog, facts: FactTable, templates: TemplateSet
+                  ) -> tuple[tuple[KernelContext, ...], tuple[KernelContext, ...], list[Diagnostic]]:
+    """Run every rule on every entry; return the buildable kernels, every planned
+    kernel and all findings.
+
+    A rule that needs a fact the pipeline lacks reports FACT-MISSING (once per
+    fact and rule) and the other rules still run. A kernel is clean when its
+    own rules found no error; catalog rules (duplicates, shadowing) look at
+    the clean kernels, and of clean kernels sharing an id the first is buildable.
+    """
     diagnostics: list[Diagnostic] = []
-    kernels: list[KernelContext] = []
-    seen: dict[str, object] = {}
+    contexts: list[KernelContext] = []
+    clean: list[KernelContext] = []
+    reported: set[tuple[str, str]] = set()
+
+    def run(check, arg, rule_id: str, where: str) -> tuple[list[Diagnostic], bool]:
+        """(diagnostics, whether a fact was missing)."""
+        try:
+            return list(check(arg)), False
+        except DiagnosticError as exc:
+            out = []
+            for d in exc.diagnostics:
+                if (d.message, rule_id) not in reported:
+                    reported.add((d.message, rule_id))
+                    out.append(replace(d, message=f"{d.message} (rule {rule_id}, first needed by {where})"))
+            return out, True
+
     for entry in catalog.entries:
-        loc = entry.locate("pipeline")
+        kid = entry.kernel_id
         try:
             pipeline_facts = facts.pipeline(entry.config.pipeline)
         except UnknownPipeline as exc:
-            diagnostics.append(Diagnostic("UNKNOWN-PIPELINE", str(exc).strip('"'), loc,
+            diagnostics.append(Diagnostic("UNKNOWN-PIPELINE", str(exc).strip('"'), entry.locate("pipeline"),
                                           f"add catalog/hardware/{exc.name}.yaml or use one of {', '.join(exc.known)}"))
             continue
         template = templates.for_pipeline(entry.config.pipeline)
-        if template is None:
-            diagnostics.append(Diagnostic("TEMPLATE-SUPPORT", f"no template serves pipeline {entry.config.pipeline}",
-                                          loc, "add a template manifest for this pipeline"))
+        made, missing = run(lambda e: [make_context(e, pipeline_facts, template)], entry, "plan", kid)
+        if missing:
+            diagnostics.extend(made)
             continue
-        kid = entry.kernel_id
-        if kid in seen:
-            first = seen[kid]
+        ctx = made[0]
+        if ctx is None:
             diagnostics.append(Diagnostic(
-                "DUPLICATE-ID", f"{kid} is defined twice (first at {first})", entry.locate(),
-                "remove one; two kernels with the same id would be indistinguishable in a bundle"))
+                "TEMPLATE-SUPPORT", f"{kid}: template {template.name if template else '(none)'} cannot build "
+                f"pipeline {entry.config.pipeline}, whose MMA is {pipeline_facts.require('mma_instruction')}",
+                entry.locate("pipeline"), "add a template for this pipeline, or fix parameters.kind in its manifest"))
             continue
-        seen[kid] = entry.locate()
-        try:
-            ctx = make_context(entry, pipeline_facts, template)
-            found = [d for r in RULES for d in r.check(ctx)]
-        except DiagnosticError as exc:
-            diagnostics.extend(exc.diagnostics)
-            continue
+        contexts.append(ctx)
+        found: list[Diagnostic] = []
+        broken = False
+        for r in RULES:
+            if r.scope == "kernel":
+                out, missing = run(r.check, ctx, r.id, kid)
+                found.extend(out)
+                broken = broken or missing
         diagnostics.extend(found)
-        if not any(d.severity is Severity.ERROR for d in found):
-            kernels.append(ctx)
-    return tuple(kernels), diagnostics
+        if not broken and not has_errors(found):
+            clean.append(ctx)
+    for r in RULES:
+        if r.scope == "catalog":
+            diagnostics.extend(run(r.check, tuple(clean), r.id, "the catalog")[0])
+    buildable: dict[str, KernelContext] = {}
+    for c in clean:
+        buildable.setdefault(c.entry.kernel_id, c)
+    return tuple(buildable.values()), tuple(contexts), diagnostics

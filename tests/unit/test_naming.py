@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from hypothesis import given, strategies as st
 
-from builder.config import Cluster, DTypes, KernelConfig, Layout, Raster, Schedule, Tile
+from builder.config import BlockScale, Cluster, DTypes, KernelConfig, Layout, Raster, Schedule, Tile
 from builder.dtypes import DType
 from builder.naming import KernelIdError, format_kernel_id, parse_kernel_id
 
@@ -23,12 +23,19 @@ configs = st.builds(
     raster=st.sampled_from(Raster),
     swizzle=st.integers(1, 16),
     stages=st.one_of(st.none(), st.integers(1, 16)),
+    cta_group=st.integers(1, 4),
+    block_scale=st.one_of(st.none(), st.builds(BlockScale, st.sampled_from(DType), st.integers(1, 64))),
 )
 
 
 @given(configs)
 def test_parse_inverts_format(config):
     assert parse_kernel_id(format_kernel_id(config)) == config
+
+
+def test_tcgen05_options_parse():
+    config = parse_kernel_id("gemm_sm103_e2m1_e2m1_f32_bf16_tn_128x256x768_c2x1_2cta_sfe4m3x16_s3")
+    assert config.cta_group == 2 and config.block_scale == BlockScale(DType.E4M3, 16) and config.stages == 3
 
 
 def test_example_id_from_the_issue():
@@ -48,6 +55,8 @@ PERTURBATIONS = {
     "raster": Raster.N,
     "swizzle": 4,
     "stages": 3,
+    "cta_group": 2,
+    "block_scale": BlockScale(DType.E4M3, 16),
 }
 
 
@@ -65,6 +74,9 @@ def test_changing_any_field_changes_the_id(field):
     "gemm_sm90_bf16_bf16_f32_bf16_tn_0128x256x64_c2x1",      # leading zero
     "gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_s3_rn",  # options out of order
     "gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_sw1",    # default spelled out
+    "gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_1cta",   # default CTA group spelled out
+    "gemm_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_sfe4m3x16_2cta",  # options out of order
+    "gemm_sm100_e2m1_e2m1_f32_bf16_tn_128x256x64_c2x1_sfe9m9x16",  # unknown scale type
     "gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_turbo",  # unknown option
     "gemm_sm90_bf16_bf16_f32_bf16_xx_128x256x64_c2x1",        # bad layout
     "gemm_sm90_bf16_bf16_f32_128x256x64_c2x1",                # missing dtype

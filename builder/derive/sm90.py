@@ -1,8 +1,4 @@
-"""Derived values of a kernel: stages, shared-memory and register budgets.
-
-Rules and the renderer share these computations, so the validator checks
-exactly what the template will build. Numbers come from the hardware facts
-and the template manifest; nothing here restates a hardware value.
+"""Derived values of an sm90 (warpgroup MMA) kernel: stages, shared memory, registers.
 
 The shared-memory model mirrors the ``Storage`` struct of
 ``templates/sm90_gemm.py.j2``: the ring's mbarriers, then A, B and the
@@ -17,30 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from builder.config import KernelConfig
+from builder.derive.common import SmemUse, align_up
 from builder.facts import PipelineFacts
 from builder.templates import Template
-
-
-def align_up(value: int, alignment: int) -> int:
-    return (value + alignment - 1) // alignment * alignment
-
-
-@dataclass(frozen=True)
-class SmemUse:
-    barrier_bytes: int
-    a_bytes: int
-    b_bytes: int
-    epilogue_bytes: int
-    dynamic_bytes: int  # the Storage struct, alignment padding included
-    static_bytes: int
-
-    @property
-    def total(self) -> int:
-        return self.dynamic_bytes + self.static_bytes
-
-    @property
-    def padding(self) -> int:
-        return self.dynamic_bytes - self.barrier_bytes - self.a_bytes - self.b_bytes - self.epilogue_bytes
 
 
 @dataclass(frozen=True)
@@ -75,9 +50,10 @@ def sm90_smem(config: KernelConfig, facts: PipelineFacts, template: Template, st
     epi = epi_m * epi_n * d.c.bits // 8 * p.epilogue_stages
     offset = align_up(barriers, align)
     offset = align_up(offset + a, align)
-    offset = align_up(offset + b, align)
+    operand_end = offset + b
+    offset = align_up(operand_end, align)
     dynamic = align_up(offset + epi, align)
-    return SmemUse(barriers, a, b, epi, dynamic, p.static_smem_bytes)
+    return SmemUse(barriers, a, b, epi, dynamic, p.static_smem_bytes, operand_end)
 
 
 def plan_sm90(config: KernelConfig, facts: PipelineFacts, template: Template) -> Sm90Plan:

@@ -1,0 +1,34 @@
+"""Pieces every pipeline's plan shares: alignment and the shared-memory tally."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def align_up(value: int, alignment: int) -> int:
+    return (value + alignment - 1) // alignment * alignment
+
+
+@dataclass(frozen=True)
+class SmemUse:
+    """Shared memory of one CTA, by buffer. ``dynamic_bytes`` is the template's
+    ``Storage`` struct (alignment padding included); the DSL's static
+    reservation comes on top."""
+
+    barrier_bytes: int
+    a_bytes: int
+    b_bytes: int
+    epilogue_bytes: int
+    dynamic_bytes: int
+    static_bytes: int
+    operand_end: int  # offset just past the last MMA operand byte (descriptor reach)
+    scale_bytes: int = 0  # block-scale factor rings (SFA + SFB)
+
+    @property
+    def total(self) -> int:
+        return self.dynamic_bytes + self.static_bytes
+
+    @property
+    def padding(self) -> int:
+        return (self.dynamic_bytes - self.barrier_bytes - self.a_bytes - self.b_bytes - self.epilogue_bytes
+                - self.scale_bytes)

@@ -1,0 +1,70 @@
+"""Rules over the whole catalog: duplicate ids and kernels the runtime can never pick.
+
+The runtime (``tilekiln/select.py``) tells kernels apart by pipeline, dtypes,
+operand majorness, contract, CTA tile M x N and cluster; among kernels equal
+in all of these its model estimates the same time and the smallest id wins,
+so the others run only if a tuning table names them.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from builder.diagnostics import Diagnostic, Severity
+from builder.rules.registry import KernelContext, catalog_rule
+
+
+@catalog_rule("DUPLICATE-ID", "no two catalog entries expand to the same kernel id")
+def check_duplicates(kernels: tuple[KernelContext, ...]) -> Iterator[Diagnostic]:
+    seen: dict[str, KernelContext] = {}
+    for ctx in kernels:
+        first = seen.setdefault(ctx.entry.kernel_id, ctx)
+        if first is not ctx:
+            yield ctx.diag("DUPLICATE-ID", None, f"defined twice (first at {first.entry.locate()})",
+                           "remove one; two kernels with the same id would be indistinguishable in a bundle")
+
+
+def selection_key(ctx: KernelContext) -> tuple:
+    """What the runtime's selection sees of a kernel (besides its id)."""
+    cfg = ctx.entry.config
+    return (cfg.pipeline, ctx.entry.targets, cfg.dtypes, cfg.layout, cfg.tile.m, cfg.tile.n, cfg.cluster,
+            ctx.plan.stride_divisibility, ctx.plan.base_alignment)
+
+
+def build_key(ctx: KernelContext) -> tuple:
+    """Everything that decides the generated code: equal keys build the same kernel."""
+    cfg = ctx.entry.config
+    return (selection_key(ctx), cfg.tile.k, cfg.schedule, cfg.raster, cfg.swizzle, cfg.cta_group,
+            cfg.block_scale, ctx.plan.stages)
+
+
+@catalog_rule("SHADOWED", "every kernel can be selected: none builds the same code as, or is indistinguishable "
+                          "at run time from, an earlier one")
+def check_shadowed(kernels: tuple[KernelContext, ...]) -> Iterator[Diagnostic]:
+    built: dict[tuple, KernelContext] = {}
+    selected: dict[tuple, KernelContext] = {}
+    ids: set[str] = set()
+    for ctx in kernels:
+        kid = ctx.entry.kernel_id
+        if kid in ids:
+            continue  # DUPLICATE-ID
+        ids.add(kid)
+        cfg = ctx.entry.config
+        if cfg.stages is not None and cfg.stages == ctx.plan.max_fitting_stages:
+            yield ctx.diag("SHADOWED", "stages", f"stages {cfg.stages} is what auto derives; the kernel is the "
+                           "stages: auto kernel under another id", "write stages: auto (or drop the kernel)",
+                           Severity.WARNING, auto_stages=ctx.plan.max_fitting_stages)
+        twin = built.setdefault(build_key(ctx), ctx)
+        if twin is not ctx:
+            yield ctx.diag("SHADOWED", None, f"builds the same code as {twin.entry.kernel_id} "
+                           f"({twin.entry.locate()})", "drop one of the two", Severity.WARNING)
+            continue
+        rival = selected.setdefault(selection_key(ctx), ctx)
+        if rival is not ctx:
+            # The model ties and the smaller id wins; the warning goes to the one that never runs.
+            winner, loser = sorted((rival, ctx), key=lambda c: c.entry.kernel_id)
+            yield loser.diag("SHADOWED", None, f"the runtime cannot tell it from {winner.entry.kernel_id} "
+                             f"({winner.entry.locate()}): same dtypes, layout, contract, tile M x N and cluster, "
+                             "so its model ties and picks the smaller id; this kernel runs only if a tuning table "
+                             "names it", "drop it, make it differ in tile M x N or cluster, or keep it for "
+                             "`tilekiln tune`", Severity.WARNING)

@@ -1,0 +1,88 @@
+"""The validate and schema commands: formats, exit codes, and a catalog with many mistakes."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from builder.cli import main
+from builder.diagnostics import JSON_KEYS
+from tests.fixture_catalogs import ROOT, expectations
+
+BROKEN = ROOT / "tests" / "fixtures" / "broken_catalog"
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, ["--root", str(ROOT), *args])
+
+
+def test_broken_catalog_reports_every_mistake_at_its_line():
+    result = run("validate", "--format", "json", str(BROKEN))
+    assert result.exit_code == 1, result.output
+    records = json.loads(result.stdout)
+    assert isinstance(records, list) and records
+    assert all(tuple(r) == JSON_KEYS for r in records), "exactly {file, line, column, rule, severity, message, hint}"
+    expected = {(e.file, e.line, e.rule) for e in expectations(*sorted((BROKEN / "gemm").glob("*.yaml")))}
+    assert len({rule for _, _, rule in expected}) >= 15, "the fixture must hold at least 15 distinct mistakes"
+    reported = {(r["file"].rsplit("/", 1)[-1], r["line"], r["rule"]) for r in records}
+    assert expected - reported == set(), "mistakes not reported at their line"
+    assert reported - expected == set(), "diagnostics at lines the fixture does not mark"
+    assert all(r["message"] and r["hint"] and r["column"] for r in records)
+
+
+def test_github_format_is_one_annotation_per_problem():
+    result = run("validate", "--format", "github", str(BROKEN))
+    assert result.exit_code == 1
+    lines = [line for line in result.stdout.splitlines() if line]
+    records = json.loads(run("validate", "--format", "json", str(BROKEN)).stdout)
+    assert len(lines) == len(records)
+    assert all(line.startswith(("::error file=", "::warning file=")) and ",line=" in line and ",title=" in line
+               for line in lines)
+
+
+def test_default_catalog_is_clean_and_exits_zero():
+    result = run("validate")
+    assert result.exit_code == 0, result.output
+    assert "0 errors, 0 warnings" in result.stderr
+    assert json.loads(run("validate", "--format", "json").stdout) == []
+
+
+def test_usage_errors_exit_two():
+    assert run("validate", "no/such/dir").exit_code == 2
+    assert run("validate", "--format", "xml").exit_code == 2
+    assert run("validate", "--explain", "gemm_sm100_nope").exit_code == 2
+
+
+def test_explain_reports_derived_values():
+    kid = "gemm_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_2cta"
+    result = run("validate", "--explain", kid)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["kernel"] == kid and summary["cta_group"] == 2
+    assert summary["stages"] == summary["max_fitting_stages"] >= 2
+    assert summary["smem_total_bytes"] <= summary["smem_budget_bytes"]
+    assert summary["smem_per_stage_bytes"] == 2 * 128 * 64 * 2  # A 128x64 + half of B's 256 rows, bf16
+    assert summary["tmem_columns_per_stage"] == 256 and summary["tmem_columns_allocated"] == 512
+    assert summary["problems"] == []
+
+
+def test_explain_works_for_a_kernel_no_template_serves():
+    result = run("validate", str(BROKEN), "--explain", "gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_s6")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["smem_model"].startswith("lower bound")
+    assert {p["rule"] for p in summary["problems"]} == {"SMEM-CARVEOUT", "TEMPLATE-SUPPORT"}
+
+
+def test_schema_is_written_atomically_and_describes_the_catalog(tmp_path):
+    out = tmp_path / "catalog.schema.json"
+    result = run("schema", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    schema = json.loads(out.read_text())
+    fields = schema["$defs"]["KernelItem"]["properties"]
+    assert {"tile", "cluster", "cta_group", "block_scale", "stages", "sweep", "targets"} <= set(fields)
+    assert schema["additionalProperties"] is False
+    assert list(tmp_path.iterdir()) == [out], "no temporary files left behind"
+    facts = json.loads(run("schema", "--of", "facts").stdout)
+    assert "mma_k_bytes" in facts["$defs"]["FactsBody"]["properties"]
