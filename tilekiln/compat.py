@@ -31,9 +31,16 @@ def arch_name(cc: tuple[int, int], kind: str) -> str:
     return f"sm_{cc[0]}{cc[1]}{kind}"
 
 
+# Family-portable ("f") targets start with compute capability 10.0 (CUDA 12.9);
+# Hopper has only sm_90 and sm_90a.
+FIRST_FAMILY_MAJOR = 10
+
+
 def device_needs(cc: tuple[int, int]) -> str:
     """The targets whose bundles run on a device of compute capability ``cc``, in words."""
     exact, family = arch_name(cc, "a"), arch_name((cc[0], 0), "f")
+    if cc[0] < FIRST_FAMILY_MAJOR:
+        return exact
     if cc[1] == 0:
         return f"{exact} or {family}"
     return f"{exact}, or a family bundle sm_{cc[0]}Xf with X <= {cc[1]} (such as {family})"

@@ -68,17 +68,6 @@ def _check_rank(op: Operand) -> None:
                          f"({len(op.shape)}-D); tilekiln.gemm follows torch.matmul for 2-D and batched 3-D inputs")
 
 
-def _normalize(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
-    """Strides of size-1 dimensions are never used; give them the value of a compact layout."""
-    out = list(strides)
-    expected = 1
-    for i in range(len(shape) - 1, -1, -1):
-        if shape[i] == 1:
-            out[i] = expected
-        expected = max(expected, abs(out[i]) * max(shape[i], 1))
-    return tuple(out)
-
-
 # A row stride that is never used (the matrix has one row) still reaches the
 # TMA descriptor; this value is a multiple of 16 bytes for every element size.
 _UNUSED_STRIDE_ALIGN = 16
@@ -191,8 +180,11 @@ def _check_out_shape(out: Operand, a: Operand, shape: tuple[int, ...], dtype: st
 
 def _check_out(out: Operand, a: Operand, shape: tuple[int, ...], dtype: str) -> Layout2:
     _check_out_shape(out, a, shape, dtype)
-    strides = _normalize(out.shape, out.strides)
-    if strides[-1] != 1 or strides[-2] < shape[-1]:
+    rows, cols = shape[-2], shape[-1]
+    s_rows, s_cols = out.strides[-2], out.strides[-1]
+    if not ((s_cols == 1 or cols == 1) and (rows == 1 or s_rows >= cols)):
         raise ValueError(f"out: strides {list(out.strides)} are not supported; the result must be row-major "
                          "(last dimension contiguous), padding of the leading dimension is allowed")
-    return Layout2("n", strides[-2], strides[0] if len(out.shape) == 3 else strides[-2] * out.shape[-2])
+    lead = s_rows if rows > 1 else _unused_lead(cols)
+    batch = out.strides[0] if len(out.shape) == 3 and out.shape[0] > 1 else lead * rows
+    return Layout2("n", lead, batch)

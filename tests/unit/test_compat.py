@@ -64,7 +64,8 @@ def test_arch_rules(kind, target, device, runs):
 
 
 def test_device_needs_names_exact_and_family_targets():
-    assert device_needs((9, 0)) == "sm_90a or sm_90f"
+    assert device_needs((9, 0)) == "sm_90a"  # Hopper has no family target
+    assert device_needs((10, 0)) == "sm_100a or sm_100f"
     text = device_needs((10, 3))
     assert "sm_103a" in text and "sm_10Xf with X <= 3" in text and "sm_100f" in text
 
