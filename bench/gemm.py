@@ -30,7 +30,7 @@ L2_BYTES = 60 * 2**20
 
 def shape_suite() -> list[tuple[int, int, int]]:
     shapes = [(s, s, s) for s in (1024, 2048, 4096, 8192)]
-    hidden, mlp = (4096, 8192), (14336, 28672)
+    hidden = (4096, 8192)
     for m in (256, 2048, 8192, 16384):
         for h in hidden:
             shapes.append((m, 3 * h, h))      # fused QKV projection
@@ -131,7 +131,7 @@ def run(args) -> dict:
             r = rows[(m, n, k)]
             print(f"rep {rep} {m:6d}x{n:6d}x{k:6d}  tilekiln {r['tilekiln'][-1]:7.1f}  torch {r['torch'][-1]:7.1f}  "
                   f"ratio {r['tilekiln'][-1] / r['torch'][-1]:.3f}  {chosen[(m, n, k)][0]}", flush=True)
-            del sets
+            sets = None  # free the operands before the next shape
     results = []
     for (m, n, k), r in rows.items():
         tk, th = statistics.median(r["tilekiln"]), statistics.median(r["torch"])

@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.fsutil import sync_tree
 from tilekiln.manifest import MANIFEST_NAME, manifest_digest
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def write_bundle(out_dir: Path, bundle: str, files: list[BundleFile], manifest: 
         (staging / MANIFEST_NAME).write_bytes(manifest_bytes(manifest))
         for name, data in (extra or {}).items():
             (staging / name).write_bytes(data)
-        _sync_tree(staging)
+        sync_tree(staging)
         final = out_dir / bundle
         swap_into_place(staging, final)
     finally:
@@ -100,10 +101,3 @@ def _exchange(a: Path, b: Path) -> bool:
     at_fdcwd, rename_exchange = -100, 2
     renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
     return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
-
-
-def _sync_tree(root: Path) -> None:
-    for path in sorted(root.rglob("*")):
-        if path.is_file():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())

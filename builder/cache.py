@@ -35,6 +35,8 @@ from typing import Iterator, Mapping
 
 from filelock import FileLock
 
+from builder.fsutil import fsync_dir, write_synced
+
 SCHEMA = 1
 
 
@@ -114,10 +116,10 @@ class ContentCache:
         tmp.mkdir()
         try:
             for name, data in files.items():
-                _write_synced(tmp / name, data)
+                write_synced(tmp / name, data)
             record = {"key": key, "meta": dict(meta),
                       "files": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}}
-            _write_synced(tmp / "meta.json", json.dumps(record, sort_keys=True, indent=1).encode())
+            write_synced(tmp / "meta.json", json.dumps(record, sort_keys=True, indent=1).encode())
             final = self._entry_dir(kind, key)
             final.parent.mkdir(parents=True, exist_ok=True)
             with self._lock(kind, key):
@@ -127,7 +129,7 @@ class ContentCache:
                 if final.exists():
                     self._quarantine(kind, key, final)
                 os.rename(tmp, final)
-                _fsync_dir(final.parent)
+                fsync_dir(final.parent)
             return CacheEntry(key, final, dict(meta))
         finally:
             if tmp.exists():
@@ -166,18 +168,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
 
 from builder.config import BlockScale, Cluster, DTypes, KernelConfig, Layout, Raster, Schedule, Tile
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.dtypes import DType
 from builder.naming import format_kernel_id
 from builder.paths import display_path
-from builder.pydantic_errors import diagnostics_from_validation
-from builder.yamlsrc import YamlDocument, YamlPath, load_yaml
+from builder.pydantic_errors import load_model
+from builder.yamlsrc import YamlDocument, YamlPath
 
 KERNEL_FIELDS = ("dtypes", "layout", "tile", "cluster", "cta_group", "block_scale", "schedule", "raster", "swizzle",
                  "stages")
@@ -53,7 +53,8 @@ Stages = PositiveInt | Literal["auto"]
 
 class KernelFields(_Strict):
     dtypes: DTypesModel | None = None
-    layout: LayoutCode | None = Field(default=None, description="BLAS letters: A t=K-major/n=M-major, B n=K-major/t=N-major")
+    layout: LayoutCode | None = Field(
+        default=None, description="BLAS letters: A t=K-major/n=M-major, B n=K-major/t=N-major")
     tile: tuple[PositiveInt, PositiveInt, PositiveInt] | None = Field(default=None, description="CTA tile [M, N, K]")
     cluster: tuple[PositiveInt, PositiveInt] | None = Field(default=None, description="cluster shape [M, N] in CTAs")
     cta_group: PositiveInt | None = Field(default=None, description="CTAs per MMA instruction: 1, or 2 for a CTA pair")
@@ -166,13 +167,9 @@ def load_catalog(catalog_dir: Path, root: Path | None = None, files: list[Path] 
         display = display_path(path, root)
         shown.append(display)
         try:
-            doc = load_yaml(path, display)
-            model = CatalogFile.model_validate(doc.data)
+            doc, model = load_model(path, display, CatalogFile, "CATALOG-SCHEMA")
         except DiagnosticError as exc:
             problems.extend(exc.diagnostics)
-            continue
-        except ValidationError as exc:
-            problems.extend(diagnostics_from_validation(exc, doc, "CATALOG-SCHEMA"))
             continue
         entries.extend(_expand(model, doc, problems))
     if problems:
@@ -195,12 +192,9 @@ def _load_settings(path: Path, root: Path | None, problems: list) -> CatalogSett
                                    "create it with `version: 0.1.0` (the bundle version)"))
         return None
     try:
-        doc = load_yaml(path, display_path(path, root))
-        return CatalogSettings.model_validate(doc.data)
+        return load_model(path, display_path(path, root), CatalogSettings, "CATALOG-SCHEMA")[1]
     except DiagnosticError as exc:
         problems.extend(exc.diagnostics)
-    except ValidationError as exc:
-        problems.extend(diagnostics_from_validation(exc, doc, "CATALOG-SCHEMA"))
     return None
 
 

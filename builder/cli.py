@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from builder import __version__
-from builder.diagnostics import Diagnostic, DiagnosticError, Severity, has_errors, render
+from builder.diagnostics import DiagnosticError, Severity, has_errors, render
 from builder.env import settings
 from builder.toolchain import ToolchainError
 

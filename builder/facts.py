@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.dtypes import DType
 from builder.paths import display_path
-from builder.pydantic_errors import diagnostics_from_validation
-from builder.yamlsrc import YamlDocument, load_yaml
+from builder.pydantic_errors import load_model
+from builder.yamlsrc import YamlDocument
 
 T = TypeVar("T")
 
@@ -223,13 +223,9 @@ def load_facts(hardware_dir: Path, root: Path | None = None) -> FactTable:
     for path in sorted(hardware_dir.glob("*.yaml")):
         display = display_path(path, root)
         try:
-            doc = load_yaml(path, display)
-            model = FactsFile.model_validate(doc.data)
+            doc, model = load_model(path, display, FactsFile, "FACTS-SCHEMA")
         except DiagnosticError as exc:
             problems.extend(exc.diagnostics)
-            continue
-        except ValidationError as exc:
-            problems.extend(diagnostics_from_validation(exc, doc, "FACTS-SCHEMA"))
             continue
         if model.pipeline != path.stem:
             problems.append(Diagnostic(

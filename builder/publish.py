@@ -29,6 +29,7 @@ from typing import Iterator, Mapping
 from filelock import FileLock
 
 from builder.bundle import BundleFile, manifest_bytes, swap_into_place
+from builder.fsutil import write_synced
 from tilekiln.manifest import MANIFEST_NAME
 
 REPORT_NAME = "build-report.json"
@@ -85,7 +86,7 @@ def publish_tree(out_dir: Path, final: Path, files: Mapping[str, bytes], report:
             for name, data in {**files, REPORT_NAME: report}.items():
                 path = staging / name
                 path.parent.mkdir(parents=True, exist_ok=True)
-                _write_synced(path, data)
+                write_synced(path, data)
             swap_into_place(staging, final)
         finally:
             if staging.exists():
@@ -147,17 +148,12 @@ def write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
-        _write_synced(tmp, data)
+        write_synced(tmp, data)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _sha256(data: bytes) -> str:

@@ -56,3 +56,18 @@ def _data_path(loc: tuple, data: object) -> tuple:
             continue
         path.append(part)
     return tuple(path)
+
+
+def load_model(path, display: str, model, rule: str):
+    """Parse ``path`` and validate it as ``model``: (document, model instance).
+
+    YAML and schema problems alike raise :class:`DiagnosticError` with located diagnostics.
+    """
+    from builder.diagnostics import DiagnosticError
+    from builder.yamlsrc import load_yaml
+
+    doc = load_yaml(path, display)
+    try:
+        return doc, model.model_validate(doc.data)
+    except ValidationError as exc:
+        raise DiagnosticError(diagnostics_from_validation(exc, doc, rule)) from None

@@ -17,14 +17,13 @@ from pathlib import Path
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from builder.catalog import BlockScaleModel, DTypesModel, LayoutCode
 from builder.config import KernelConfig, Schedule
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.paths import display_path
-from builder.pydantic_errors import diagnostics_from_validation
-from builder.yamlsrc import load_yaml
+from builder.pydantic_errors import load_model
 
 
 class _Strict(BaseModel):
@@ -135,11 +134,10 @@ def load_templates(directory: Path, display_root: Path | None = None) -> Templat
     problems: list[Diagnostic] = []
     for manifest_path in sorted(directory.glob("*.yaml")):
         display = display_path(manifest_path, display_root)
-        doc = load_yaml(manifest_path, display)
         try:
-            manifest = TemplateManifest.model_validate(doc.data)
-        except ValidationError as exc:
-            problems.extend(diagnostics_from_validation(exc, doc, "TEMPLATE-MANIFEST"))
+            doc, manifest = load_model(manifest_path, display, TemplateManifest, "TEMPLATE-MANIFEST")
+        except DiagnosticError as exc:
+            problems.extend(exc.diagnostics)
             continue
         path = directory / manifest.template
         if not path.exists():

@@ -156,7 +156,8 @@ def make_problem(a: Operand, b: Operand, out: Operand | None, out_dtype: str | N
     fold = (batch > 1 and lb_op.batch == 0 and la_op.major == "k" and la == batch
             and la_op.batch == m * la_op.lead and lc_op.batch == m * lc_op.lead)
     if fold:
-        return GemmProblem(a.dtype, b.dtype, out_dtype, m * batch, n, k, 1, Layout2("k", la_op.lead, m * batch * la_op.lead),
+        return GemmProblem(a.dtype, b.dtype, out_dtype, m * batch, n, k, 1,
+                           Layout2("k", la_op.lead, m * batch * la_op.lead),
                            Layout2(lb_op.major, lb_op.lead, 0), Layout2("n", lc_op.lead, m * batch * lc_op.lead),
                            out_shape, a.device, True)
     if batch == 1:

@@ -109,7 +109,7 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
                              "tflops": round(flops / timings[best] / 1e9, 1),
                              "candidates": {kid: round(t, 4) for kid, t in sorted(timings.items())}}
         print(f"{m:6d}x{n:6d}x{k:6d} {bucket:32s} {best} {flops / timings[best] / 1e9:7.1f} TFLOP/s", flush=True)
-        del sets
+        sets = None  # free the operands before the next shape
     return table
 
 
