@@ -32,3 +32,16 @@ class SmemUse:
     def padding(self) -> int:
         return (self.dynamic_bytes - self.barrier_bytes - self.a_bytes - self.b_bytes - self.epilogue_bytes
                 - self.scale_bytes)
+
+
+def storage_layout(barriers: int, a: int, b: int, epilogue: int, align: int, scales: int = 0) -> tuple[int, int]:
+    """(struct size, operand end) of a template ``Storage`` struct: barriers, then the
+    scale rings (if any), A, B and the epilogue buffer, each aligned to ``align``."""
+    offset = align_up(barriers, align)
+    if scales:
+        offset = align_up(offset + scales, align)
+    offset = align_up(offset + a, align)
+    operand_end = offset + b
+    if not epilogue:
+        return align_up(operand_end, align), operand_end
+    return align_up(align_up(operand_end, align) + epilogue, align), operand_end

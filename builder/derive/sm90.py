@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from builder.config import KernelConfig
-from builder.derive.common import SmemUse, align_up
+from builder.derive.common import SmemUse, storage_layout
 from builder.facts import PipelineFacts
 from builder.templates import Template
 
@@ -48,11 +48,7 @@ def sm90_smem(config: KernelConfig, facts: PipelineFacts, template: Template, st
     a = t.m * t.k * d.a.bits // 8 * stages
     b = t.n * t.k * d.b.bits // 8 * stages
     epi = epi_m * epi_n * d.c.bits // 8 * p.epilogue_stages
-    offset = align_up(barriers, align)
-    offset = align_up(offset + a, align)
-    operand_end = offset + b
-    offset = align_up(operand_end, align)
-    dynamic = align_up(offset + epi, align)
+    dynamic, operand_end = storage_layout(barriers, a, b, epi, align)
     return SmemUse(barriers, a, b, epi, dynamic, p.static_smem_bytes, operand_end)
 
 

@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 
 from builder.config import KernelConfig
-from builder.derive.common import SmemUse, align_up
+from builder.derive.common import SmemUse, align_up, storage_layout
 from builder.facts import PipelineFacts
 from builder.templates import Tcgen05Parameters
 
@@ -106,19 +106,12 @@ def tcgen05_smem(config: KernelConfig, facts: PipelineFacts, p: Tcgen05Parameter
         scales = (align_up(t.m, rows) + align_up(t.n // group, rows)) * blocks * width // 8 * stages
     if p is None:
         barriers = 2 * stages * mbar
-        offset = align_up(barriers, align)
-        offset = align_up(offset + scales, align) if scales else offset
-        offset = align_up(offset + a, align)
-        operand_end = offset + b
-        return SmemUse(barriers, a, b, 0, align_up(operand_end, align), 0, operand_end, scales)
+        dynamic, operand_end = storage_layout(barriers, a, b, 0, align, scales)
+        return SmemUse(barriers, a, b, 0, dynamic, 0, operand_end, scales)
     # ring full/empty, accumulator full/empty, the TMEM dealloc mbarrier, then the 32-bit TMEM address
     barriers = (2 * stages + 2 * p.acc_stages + 1) * mbar + 4
     epi = epi_m * epi_n * d.c.bits // 8 * p.epilogue_stages
-    offset = align_up(barriers, align)
-    offset = align_up(offset + a, align)
-    operand_end = offset + b
-    offset = align_up(operand_end, align)
-    dynamic = align_up(offset + epi, align)
+    dynamic, operand_end = storage_layout(barriers, a, b, epi, align)
     return SmemUse(barriers, a, b, epi, dynamic, p.static_smem_bytes, operand_end, scales)
 
 
