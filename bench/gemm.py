@@ -24,8 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import tilekiln  # noqa: E402
+from tilekiln.tune import median_event_ms as time_ms, operand_sets  # noqa: E402
 
-L2_BYTES = 60 * 2**20
 
 
 def shape_suite() -> list[tuple[int, int, int]]:
@@ -43,34 +43,8 @@ def shape_suite() -> list[tuple[int, int, int]]:
     return shapes
 
 
-def time_ms(fn, iters: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for i in range(iters):
-        start.record()
-        fn(i)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 FP8 = torch.float8_e4m3fn
 SCALE_A, SCALE_B = 0.5, 0.25
-
-
-def operand_sets(m, n, k, dtype):
-    """Enough independent (a, b, c) sets that their total exceeds the L2 twice."""
-    in_bits = torch.finfo(dtype).bits
-    one = (m * k + k * n) * in_bits // 8 + m * n * 2
-    count = max(1, min(8, math.ceil(2 * L2_BYTES / one)))
-    out_dtype = torch.bfloat16 if dtype == FP8 else dtype
-    sets = []
-    for _ in range(count):
-        a = torch.randn(m, k, device="cuda").to(dtype)
-        w = torch.randn(n, k, device="cuda").to(dtype)  # nn.Linear weight: b = w.t() is K-major
-        sets.append((a, w.t(), torch.empty(m, n, device="cuda", dtype=out_dtype)))
-    return sets
 
 
 def tilekiln_call(bundle, a, b, c, scales):
@@ -108,7 +82,7 @@ def run(args) -> dict:
     chosen = {}
     for rep in range(args.repeats):
         for (m, n, k) in shapes:
-            sets = operand_sets(m, n, k, dtype)
+            sets = operand_sets(m, n, k, dtype, torch.bfloat16 if dtype == FP8 else dtype)
             a0, b0, _ = sets[0]
             if rep == 0:
                 explained = bundle.explain(a0, b0, out_dtype=None if scales is None else "bf16")
