@@ -35,7 +35,7 @@ from typing import Iterator, Mapping
 
 from filelock import FileLock
 
-from builder.fsutil import fsync_dir, write_synced
+from builder.fsutil import fsync_dir, remove_path, write_synced
 
 SCHEMA = 1
 
@@ -104,10 +104,7 @@ class ContentCache:
             parts = path.name.rsplit(".", 3)
             if len(parts) != 4 or parts[1] != _HOST or not parts[2].isdigit() or _alive(int(parts[2])):
                 continue
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
+            remove_path(path)
             removed += 1
         return removed
 

@@ -29,7 +29,7 @@ from typing import Iterator, Mapping
 from filelock import FileLock
 
 from builder.bundle import BundleFile, manifest_bytes, swap_into_place
-from builder.fsutil import write_synced
+from builder.fsutil import remove_path, write_synced
 from tilekiln.manifest import MANIFEST_NAME
 
 REPORT_NAME = "build-report.json"
@@ -135,10 +135,7 @@ def remove_leftovers(final: Path) -> int:
             continue
         for path in directory.iterdir():
             if pattern.fullmatch(path.name):
-                if path.is_dir():
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    path.unlink(missing_ok=True)
+                remove_path(path)
                 removed += 1
     return removed
 
