@@ -40,6 +40,32 @@ def per_call_us(fn, blocks: int) -> list[float]:
     return out
 
 
+def breakdown(bundle, a, w, c, blocks: int) -> dict[str, float]:
+    """Median us of the pieces of a cached ``gemm(a, w, c)`` call, each timed alone."""
+    from tilekiln._native import CALL
+
+    bundle.gemm(a, w, c)
+    key = (a.shape, a.stride(), a.dtype, a.get_device(), w.shape, w.stride(), w.dtype, w.get_device(), None,
+           c.shape, c.stride(), c.dtype, c.get_device())
+    plan = bundle._plans[key]
+    lib = bundle._lib
+    buf = lib.call_buffer()
+    stream = torch.cuda.current_stream().cuda_stream
+    CALL.pack_into(buf, 0, a.data_ptr(), w.data_ptr(), c.data_ptr(), stream, 0, 0)
+    plans = bundle._plans
+    pieces = {
+        "ctypes call of a no-op C function": lambda: lib._lib.tk_abi_version(),
+        "tk_run with packed blocks (C launch path)": lambda: lib.run(plan.block, buf),
+        "plan-cache key and look-up": lambda: plans.get(
+            (a.shape, a.stride(), a.dtype, a.get_device(), w.shape, w.stride(), w.dtype, w.get_device(), None,
+             c.shape, c.stride(), c.dtype, c.get_device())),
+        "three data_ptr() reads": lambda: (a.data_ptr(), w.data_ptr(), c.data_ptr()),
+        "current raw stream": lambda: torch._C._cuda_getCurrentRawStream(0),
+        "pack the call block": lambda: CALL.pack_into(buf, 0, 16, 32, 48, stream, 0, 0),
+    }
+    return {name: round(statistics.median(per_call_us(fn, blocks)), 3) for name, fn in pieces.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bundle", default="artifacts/sm90a")
@@ -67,13 +93,16 @@ def main() -> None:
             samples[name] += per_call_us(fn, args.blocks // 4)
     result = {name: {"median_us": round(statistics.median(v), 3), "min_us": round(min(v), 3),
                      "max_us": round(max(v), 3)} for name, v in samples.items()}
+    parts = breakdown(bundle, a, w, c, args.blocks)
     ref = torch.matmul(a.double(), w.double())
     err = ((bundle.gemm(a, w).double() - ref).norm() / ref.norm()).item()
     report = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
               "torch": torch.__version__, "problem": [s, s, s], "block": BLOCK, "relative_error": err,
-              "kernel": tilekiln.explain(a, w, bundle=bundle).kernel.id, "results": result}
+              "kernel": tilekiln.explain(a, w, bundle=bundle).kernel.id, "results": result, "parts": parts}
     for name, r in result.items():
         print(f"{name:28s} median {r['median_us']:7.2f} us  (min {r['min_us']:.2f}, max {r['max_us']:.2f})")
+    for name, us in parts.items():
+        print(f"  part: {name:44s} {us:7.3f} us")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -1,9 +1,15 @@
-"""ctypes binding of a bundle's shared library (its ``tk_*`` C API, ABI 1).
+"""ctypes binding of a bundle's shared library (its ``tk_*`` C API, ABI 3).
 
 The library is the bundle's kernels linked with the static CUDA runtime; it
-needs only libc and the NVIDIA driver. One argument block per launch is
-packed with :data:`ARGS` (one ``struct.pack_into`` call) and passed by
-address, which keeps the per-call cost of crossing into C to one ctypes call.
+needs only libc and the NVIDIA driver. A launch passes two blocks by address:
+the plan's (:data:`PLAN`: kernel, device, sizes, strides), packed once per
+problem signature, and a per-thread call block (:data:`CALL`: pointers and
+stream), packed on every call. ``tk_run`` is bound without ``argtypes`` and
+called with the two ctypes buffers, which ctypes passes as pointers without
+per-argument conversion. On the H200 host the call block's pack costs 0.12 us
+and crossing into C 0.15 us (bench/results/overhead-h200-2026-12-02.json);
+the ABI-2 launch packed all 18 fields per call and took 11.7 us in all, this
+one 6.8.
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ import struct
 import threading
 from pathlib import Path
 
-# tk_args_t in templates/link/glue.c.j2: a, b, c, scale_a, scale_b, stream;
-# a/b/c strides (2 each); m, n, k, l; resident clusters; device ordinal.
-ARGS = struct.Struct("<6Q6q6i")
+# tk_plan_t in templates/link/glue.c.j2: a/b/c strides (lead, batch); m, n, k, l;
+# resident clusters; device ordinal; kernel index; a reserved word.
+PLAN = struct.Struct("<6q8i")
+# tk_call_t: a, b, c, stream, scale_a, scale_b.
+CALL = struct.Struct("<6Q")
 
 # cudaDeviceAttr values (driver_types.h).
 ATTR_MULTIPROCESSOR_COUNT = 16
@@ -33,7 +41,7 @@ class NativeLibrary:
             ("tk_kernel_id", [ctypes.c_int], ctypes.c_char_p),
             ("tk_init", [ctypes.c_int], ctypes.c_int),
             ("tk_load", [ctypes.c_int, ctypes.c_int], ctypes.c_int),
-            ("tk_launch", [ctypes.c_int, ctypes.c_void_p], ctypes.c_int),
+            ("tk_fallback_launches", [], ctypes.c_ulonglong),
             ("tk_error_name", [ctypes.c_int], ctypes.c_char_p),
             ("tk_error_string", [ctypes.c_int], ctypes.c_char_p),
             ("tk_device_count", [ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
@@ -43,15 +51,28 @@ class NativeLibrary:
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = argtypes, restype
         self._lib = lib
-        self.launch = lib.tk_launch
+        # No argtypes: called only as run(plan_block, call_block) with two ctypes buffers.
+        self.run = lib.tk_run
         self._local = threading.local()
 
-    def args_buffer(self) -> ctypes.Array:
-        """A per-thread argument block, reused by every launch on that thread."""
-        buf = getattr(self._local, "buf", None)
-        if buf is None:
-            buf = self._local.buf = ctypes.create_string_buffer(ARGS.size)
-        return buf
+    def call_buffer(self) -> ctypes.Array:
+        """This thread's call block, reused by every launch on the thread."""
+        try:
+            return self._local.buf
+        except AttributeError:
+            buf = self._local.buf = ctypes.create_string_buffer(CALL.size)
+            return buf
+
+    @staticmethod
+    def plan_block(index: int, device: int, static: tuple[int, ...]) -> ctypes.Array:
+        """A plan's block: ``static`` is (a, b, c strides; m, n, k, l; clusters)."""
+        block = ctypes.create_string_buffer(PLAN.size)
+        PLAN.pack_into(block, 0, *static, device, index, 0)
+        return block
+
+    def fallback_launches(self) -> int:
+        """Launches the driver refused and the CUDA runtime retried (see templates/link/shim.c)."""
+        return self._lib.tk_fallback_launches()
 
     @property
     def abi_version(self) -> int:

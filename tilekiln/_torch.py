@@ -10,14 +10,19 @@ ctypes call.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-from tilekiln._native import ARGS
+from tilekiln._native import CALL
 from tilekiln._tensors import describe, torch_dtype_token
 from tilekiln.bundle import raise_misaligned
 from tilekiln.errors import LaunchError
 
+Tensor = torch.Tensor
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_is_compiling = torch.compiler.is_compiling
+_pack_call = CALL.pack_into
 
 
 def current_stream(device: int) -> int:
@@ -59,48 +64,84 @@ def torch_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream, ke
     plan = bundle._plans.get(key)
     if plan is None:
         plan = bundle.plan(describe(a, "a"), describe(b, "b"), None if out is None else describe(out, "out"),
-                           kernel, torch_dtype_token(out_dtype))
+                           kernel, torch_dtype_token(out_dtype), allow_split=True)
         for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
             _check_scale(name, scale, plan.problem.device)
         bundle.remember(key, plan)
     if out is None:
         out = _allocate(plan.problem, out_dtype, a.device)
-    if plan.kernel_index < 0:
+    if plan.block is None:
         if plan.problem.k == 0:
             out.zero_()
         return out
+    if plan.split > 1:
+        return _split_k(bundle, plan, a, b, out, stream, scale_a.data_ptr(), scale_b.data_ptr())
     bundle.launch(plan, a.data_ptr(), b.data_ptr(), out.data_ptr(), _stream_handle(stream, plan.problem.device),
                   scale_a.data_ptr(), scale_b.data_ptr())
     return out
 
 
-def torch_gemm(bundle, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, stream, kernel=None):
+def _split_k(bundle, plan, a, b, out, stream, scale_a: int = 0, scale_b: int = 0):
+    """Launch the plan's K slices into an fp32 workspace, then add the planes in order into ``out``."""
+    device = plan.problem.device
+    context = contextlib.nullcontext() if stream is None else torch.cuda.stream(_torch_stream(stream, device))
+    with context:
+        run = plan.run
+        work = torch.empty(run.out_shape, dtype=torch.float32, device=out.device)
+        bundle.launch(plan, a.data_ptr(), b.data_ptr(), work.data_ptr(), current_stream(device), scale_a, scale_b)
+        # One kernel: fp32 sums over the planes, rounded once into out's dtype.
+        torch.sum(work[..., :run.n], dim=0, out=out if out.dim() == 2 else out[0])
+    return out
+
+
+def _torch_stream(stream, device: int):
+    if isinstance(stream, torch.cuda.Stream):
+        return stream
+    return torch.cuda.ExternalStream(int(stream), device=device)
+
+
+def gemm(bundle, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, stream, kernel=None,
+         in_operator=False):
+    """``bundle.gemm`` for torch tensors: the hot path, written out in one function.
+
+    A cached call costs the signature key (shape, strides, dtype and device of
+    each operand), one dictionary look-up, three pointer reads, the current
+    stream, one 6-field pack into the thread's call block and one ctypes call.
+    While torch.compile traces, the call becomes a ``tilekiln::gemm`` node;
+    that operator's body comes back here with ``in_operator``.
+    """
+    if _is_compiling() and not in_operator and kernel is None and stream is None:
+        return compiled_gemm(bundle, a, b, out)
     if out is None:
-        key = (a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.get_device(), b.get_device(), kernel)
+        key = (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype, b.get_device(), kernel)
     else:
-        key = (a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.get_device(), b.get_device(), kernel,
+        key = (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype, b.get_device(), kernel,
                out.shape, out.stride(), out.dtype, out.get_device())
     plan = bundle._plans.get(key)
     if plan is None:
         plan = bundle.plan(describe(a, "a"), describe(b, "b"), None if out is None else describe(out, "out"),
-                           kernel)
+                           kernel, allow_split=True)
         bundle.remember(key, plan)
     if out is None:
         out = _allocate(plan.problem, a.dtype, a.device)
-    if plan.kernel_index < 0:
+    block = plan.block
+    if block is None:
         if plan.problem.k == 0:
             out.zero_()
         return out
-    # The hot path, inlined: pointers, stream, one pack, one ctypes call.
+    if plan.split != 1:
+        return _split_k(bundle, plan, a, b, out, stream)
     pa, pb, pc = a.data_ptr(), b.data_ptr(), out.data_ptr()
     if (pa | pb | pc) & 15:
         raise_misaligned(pa, pb, pc)
-    device = plan.problem.device
-    handle = _raw_stream(device) if stream is None and _raw_stream is not None else _stream_handle(stream, device)
+    if stream is None and _raw_stream is not None:
+        handle = _raw_stream(plan.problem.device)
+    else:
+        handle = _stream_handle(stream, plan.problem.device)
     lib = bundle._lib
-    buf = lib.args_buffer()
-    ARGS.pack_into(buf, 0, pa, pb, pc, 0, 0, handle, *plan.static_args)
-    status = lib.launch(plan.kernel_index, buf)
+    buf = lib.call_buffer()
+    _pack_call(buf, 0, pa, pb, pc, handle, 0, 0)
+    status = lib.run(block, buf)
     if status:
         raise LaunchError(plan.kernel_id, lib.error_name(status), lib.error_string(status))
     return out
@@ -122,7 +163,7 @@ def gemm_op(a: torch.Tensor, b: torch.Tensor, bundle_dir: str) -> torch.Tensor:
 
     from tilekiln.discovery import open_bundle
 
-    return torch_gemm(open_bundle(Path(bundle_dir)), a, b, None, None)
+    return gemm(open_bundle(Path(bundle_dir)), a, b, None, None, in_operator=True)
 
 
 @gemm_op.register_fake
@@ -136,7 +177,7 @@ def gemm_out_op(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bundle_dir:
 
     from tilekiln.discovery import open_bundle
 
-    torch_gemm(open_bundle(Path(bundle_dir)), a, b, out, None)
+    gemm(open_bundle(Path(bundle_dir)), a, b, out, None, in_operator=True)
 
 
 @gemm_out_op.register_fake
@@ -151,7 +192,3 @@ def compiled_gemm(bundle, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | 
         return gemm_op(a, b, directory)
     gemm_out_op(a, b, out, directory)
     return out
-
-
-def is_compiling() -> bool:
-    return torch.compiler.is_compiling()

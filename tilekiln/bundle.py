@@ -26,6 +26,7 @@ from tilekiln.errors import BundleError, LaunchError, NoKernelError
 from tilekiln.manifest import Manifest, read_manifest
 from tilekiln.problem import GemmProblem, make_problem
 from tilekiln.select import Choice, choose
+from tilekiln.splitk import SPLITS, parse_label
 
 
 @dataclass(frozen=True)
@@ -41,14 +42,27 @@ class Plan:
 
     problem: GemmProblem
     kernel_index: int  # -1: nothing to launch (an empty result or K == 0)
-    kernel_id: str
-    static_args: tuple[int, ...]  # strides, m, n, k, l, clusters, device
+    kernel_id: str  # the choice's label: "<kernel id>" or "<kernel id>/splitk<S>"
+    block: object  # the packed tk_plan_t (a ctypes buffer); None when nothing is launched
+    split: int = 1  # K slices; > 1: the kernel writes fp32 partials that are then summed (splitk.py)
+    run: GemmProblem | None = None  # what the kernel runs: the problem itself, or its K slices
 
 
 DeviceQuery = Callable[[int], DeviceInfo]
 
 
 PLAN_CACHE_LIMIT = 16384
+
+# tilekiln._torch once the first torch tensors arrive: the runtime imports torch only then.
+_torch_path = None
+
+
+def _load_torch_path():
+    global _torch_path
+    from tilekiln import _torch
+
+    _torch_path = _torch
+    return _torch
 
 
 def raise_misaligned(pa: int, pb: int, pc: int) -> None:
@@ -166,21 +180,26 @@ class Bundle:
     # -- planning ------------------------------------------------------------------------------
 
     def plan(self, a: Operand, b: Operand, out: Operand | None, kernel: str | None = None,
-             out_dtype: str | None = None) -> Plan:
+             out_dtype: str | None = None, allow_split: bool = False) -> Plan:
+        """Validate the operands and choose; ``allow_split``: the caller can sum split-K partials."""
         problem = make_problem(a, b, out, out_dtype)
         if problem.empty or problem.k == 0:
-            return Plan(problem, -1, "", ())
-        choice = self.choose(problem, kernel)
+            return Plan(problem, -1, "", None)
+        choice = self.choose(problem, kernel, allow_split)
         if choice.kernel is None:
             raise NoKernelError(f"bundle {self.name} has no kernel for {problem.dtype} "
                                 f"{list(a.shape)} @ {list(b.shape)}:\n{choice}")
-        k = choice.kernel
+        if choice.split > 1 and not allow_split:
+            raise TypeError(f"kernel={kernel!r}: split-K runs sum their partials through torch; "
+                            "pass torch tensors")
+        k, run = choice.kernel, choice.run
         # Loading happens here, on the slow path, so a cached plan can launch directly.
         self._ensure_ready(k.index, problem.device)
         clusters = max(1, self.device(problem.device).sm_count // k.cluster_size)
-        static = (problem.a.lead, problem.a.batch, problem.b.lead, problem.b.batch, problem.c.lead,
-                  problem.c.batch, problem.m, problem.n, problem.k, problem.batch, clusters, problem.device)
-        return Plan(problem, k.index, k.id, static)
+        static = (run.a.lead, run.a.batch, run.b.lead, run.b.batch, run.c.lead, run.c.batch,
+                  run.m, run.n, run.k, run.batch, clusters)
+        return Plan(problem, k.index, choice.label, NativeLibrary.plan_block(k.index, problem.device, static),
+                    choice.split, run)
 
     def remember(self, key: tuple, plan: Plan) -> None:
         """Cache a plan; a process that sees very many distinct shapes starts over
@@ -189,13 +208,15 @@ class Bundle:
             self._plans.clear()
         self._plans[key] = plan
 
-    def choose(self, problem: GemmProblem, kernel: str | None = None) -> Choice:
-        kernels = self.kernels
+    def choose(self, problem: GemmProblem, kernel: str | None = None, allow_split: bool = False) -> Choice:
+        """``kernel`` pins one choice by label: a kernel id, or ``<id>/splitk<S>``."""
+        kernels, splits = self.kernels, ((1, *SPLITS) if allow_split else (1,))
         if kernel is not None:
-            kernels = tuple(k for k in self.kernels if k.id == kernel)
+            kernel_id, split = parse_label(kernel)
+            kernels, splits = tuple(k for k in self.kernels if k.id == kernel_id), (split,)
             if not kernels:
                 raise NoKernelError(f"kernel={kernel!r}: bundle {self.name} has no such kernel")
-        return choose(kernels, problem, self.device(problem.device).sm_count, self._tuning)
+        return choose(kernels, problem, self.device(problem.device).sm_count, self._tuning, splits)
 
     def explain(self, a, b, out=None, out_dtype: str | None = None) -> Choice:
         """Which kernel would run for these operands, and why each other one would not.
@@ -204,7 +225,7 @@ class Bundle:
         """
         a_op, b_op = describe(a, "a"), describe(b, "b")
         problem = make_problem(a_op, b_op, describe(out, "out") if out is not None else None, out_dtype)
-        return self.choose(problem)
+        return self.choose(problem, allow_split=is_torch_tensor(a) and is_torch_tensor(b))
 
     # -- running -------------------------------------------------------------------------------
 
@@ -213,12 +234,11 @@ class Bundle:
 
         ``kernel`` pins one kernel by id instead of letting the selector choose.
         """
+        fast = _torch_path
+        if fast is not None and isinstance(a, fast.Tensor) and isinstance(b, fast.Tensor):
+            return fast.gemm(self, a, b, out, stream, kernel)
         if is_torch_tensor(a) and is_torch_tensor(b):
-            from tilekiln import _torch
-
-            if _torch.is_compiling() and kernel is None and stream is None:
-                return _torch.compiled_gemm(self, a, b, out)
-            return _torch.torch_gemm(self, a, b, out, stream, kernel)
+            return _load_torch_path().gemm(self, a, b, out, stream, kernel)
         return self._generic_gemm(a, b, out, stream, kernel)
 
     def scaled_gemm(self, a, b, scale_a, scale_b, *, out_dtype=None, out=None, stream=None,
@@ -240,9 +260,9 @@ class Bundle:
         if (pa | pb | pc) & 15:
             raise_misaligned(pa, pb, pc)
         lib = self._lib
-        buf = lib.args_buffer()
-        _native.ARGS.pack_into(buf, 0, pa, pb, pc, scale_a, scale_b, stream, *plan.static_args)
-        status = lib.launch(plan.kernel_index, buf)
+        buf = lib.call_buffer()
+        _native.CALL.pack_into(buf, 0, pa, pb, pc, stream, scale_a, scale_b)
+        status = lib.run(plan.block, buf)
         if status:
             raise LaunchError(plan.kernel_id, lib.error_name(status), lib.error_string(status))
 
@@ -252,10 +272,9 @@ class Bundle:
         plan = self.plan(a_op, b_op, out_op, kernel)
         if out_op is None:
             if "torch" in sys.modules:
-                from tilekiln._torch import torch_gemm
                 import torch
 
-                return torch_gemm(self, torch.as_tensor(a, device=f"cuda:{a_op.device}"),
+                return _load_torch_path().gemm(self, torch.as_tensor(a, device=f"cuda:{a_op.device}"),
                                   torch.as_tensor(b, device=f"cuda:{b_op.device}"), None, stream, kernel)
             raise TypeError("out: pass an output array when the inputs are not torch tensors "
                             "(tilekiln allocates results only through torch)")

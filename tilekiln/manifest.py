@@ -20,9 +20,11 @@ from tilekiln.errors import BundleCompatibilityError, BundleIntegrityError
 
 MANIFEST_NAME = "manifest.json"
 SUPPORTED_SCHEMA_MAJOR = 1
-# The tk_* C API and tk_args_t of templates/link/glue.c.j2, which _native.ARGS packs; the
-# builder stamps it into the library and the manifest. 2: scale_a/scale_b added to tk_args_t.
-ABI_VERSION = 2
+# The tk_* C API and the tk_plan_t/tk_call_t blocks of templates/link/glue.c.j2, which
+# _native.PLAN and _native.CALL pack; the builder stamps it into the library and the manifest.
+# 2: scale_a/scale_b added to tk_args_t. 3: tk_launch(index, tk_args_t) split into
+# tk_run(tk_plan_t, tk_call_t), so the static half is packed once per plan.
+ABI_VERSION = 3
 
 
 @dataclass(frozen=True)

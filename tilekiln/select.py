@@ -14,6 +14,11 @@ includes the padding a tile wastes at the matrix edge (tile efficiency), and
 the efficiency term favours tiles with more reuse per byte loaded and
 clusters that share loads through TMA multicast. The model only ranks
 candidates; ``tilekiln tune`` replaces it with measurements where it errs.
+
+Callers that can run a split-K plan (torch tensors; ``tilekiln/splitk.py``)
+also get the fp32-partial kernels over K slices as candidates, named
+``<kernel id>/splitk<S>``; the model prices them at ``SPLIT_OVERHEAD`` times
+their sliced estimate.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 
 from tilekiln.manifest import KernelInfo
 from tilekiln.problem import GemmProblem
+from tilekiln.splitk import PARTIAL_DTYPE, SPLIT_OVERHEAD, label, sliced
 
 # The model's reuse term: tile intensity m*n/(m+n) over itself plus this
 # constant (elements). With 20, 128x256 tiles rank above 128x128 above 64x128,
@@ -40,6 +46,12 @@ class Candidate:
     accepted: bool
     reason: str
     estimate: float = math.inf  # model time, arbitrary units; lower is better
+    split: int = 1  # K slices (splitk.py); 1: the kernel runs the problem as it is
+    run: GemmProblem | None = None  # what the kernel runs: the problem, or its K slices
+
+    @property
+    def label(self) -> str:
+        return label(self.kernel.id, self.split)
 
 
 @dataclass(frozen=True)
@@ -47,21 +59,38 @@ class Choice:
     kernel: KernelInfo | None
     how: str  # "tuned", "model" or "none"
     candidates: tuple[Candidate, ...]
+    split: int = 1
+    run: GemmProblem | None = None
+
+    @property
+    def label(self) -> str:
+        return label(self.kernel.id, self.split) if self.kernel else "none"
 
     def __str__(self) -> str:
-        lines = [f"chosen: {self.kernel.id if self.kernel else 'none'} ({self.how})"]
-        for c in sorted(self.candidates, key=lambda c: (not c.accepted, c.estimate, c.kernel.id)):
+        lines = [f"chosen: {self.label} ({self.how})"]
+        for c in sorted(self.candidates, key=lambda c: (not c.accepted, c.estimate, c.label)):
             mark = "accept" if c.accepted else "reject"
             est = f" estimate {c.estimate:.3g}" if c.accepted else ""
-            lines.append(f"  {mark} {c.kernel.id}:{est} {c.reason}")
+            lines.append(f"  {mark} {c.label}:{est} {c.reason}")
         return "\n".join(lines)
 
 
+def bucket_ceiling(v: int) -> int:
+    """The smallest of 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (2^k and 3 * 2^k) that is >= ``v``.
+
+    Half-octave steps keep LLM widths that differ in wave count apart: with
+    power-of-two buckets 24576 and 28672 share 32768, and on the H200 the
+    winner for M=256 differs (128x192 tiles: 684 TFLOP/s at 256x24576x8192,
+    where the 28672 winner, 128x256, gives 486).
+    """
+    p = 1 << max(0, (v - 1).bit_length())
+    return 3 * p // 4 if p >= 4 and v <= 3 * p // 4 else p
+
+
 def shape_bucket(problem: GemmProblem, kernel_layout: str) -> str:
-    """Tuning-table key: dtype, layout and the power-of-two ceiling of M, N, K, L."""
-    def p2(v: int) -> int:
-        return 1 << max(0, (v - 1).bit_length())
-    return f"{problem.dtype}:{kernel_layout}:{p2(problem.m)}x{p2(problem.n)}x{p2(problem.k)}:{p2(problem.batch)}"
+    """Tuning-table key: dtype, layout and the bucket ceilings of M, N, K and L."""
+    c = bucket_ceiling
+    return f"{problem.dtype}:{kernel_layout}:{c(problem.m)}x{c(problem.n)}x{c(problem.k)}:{c(problem.batch)}"
 
 
 def layout_code(problem: GemmProblem) -> str:
@@ -100,20 +129,28 @@ def estimate(kernel: KernelInfo, problem: GemmProblem, sm_count: int) -> float:
 
 
 def choose(kernels: tuple[KernelInfo, ...], problem: GemmProblem, sm_count: int,
-           tuning: dict[str, str]) -> Choice:
+           tuning: dict[str, str], splits: tuple[int, ...] = (1,)) -> Choice:
+    """The kernel (and K split, among ``splits``) for ``problem``: tuned if the table names an
+    accepted candidate for its bucket, else the model's best."""
     candidates = []
-    for k in kernels:
-        why = check_kernel(k, problem)
-        if why is None:
-            candidates.append(Candidate(k, True, "contract fits", estimate(k, problem, sm_count)))
-        else:
-            candidates.append(Candidate(k, False, why))
+    for split in splits:
+        run = problem if split == 1 else sliced(problem, split)
+        if run is None:
+            continue
+        for k in kernels:
+            if split > 1 and k.dtypes[3] != PARTIAL_DTYPE:
+                continue
+            why = check_kernel(k, run)
+            if why is not None:
+                candidates.append(Candidate(k, False, why, split=split))
+                continue
+            cost = estimate(k, run, sm_count) * (SPLIT_OVERHEAD if split > 1 else 1.0)
+            reason = "contract fits" if split == 1 else f"contract fits {split} slices of K = {run.k}"
+            candidates.append(Candidate(k, True, reason, cost, split, run))
     accepted = [c for c in candidates if c.accepted]
     if not accepted:
         return Choice(None, "none", tuple(candidates))
-    tuned_id = tuning.get(shape_bucket(problem, layout_code(problem)))
-    tuned = [c for c in accepted if c.kernel.id == tuned_id]
-    if tuned:
-        return Choice(tuned[0].kernel, "tuned", tuple(candidates))
-    best = min(accepted, key=lambda c: (c.estimate, c.kernel.id))
-    return Choice(best.kernel, "model", tuple(candidates))
+    tuned_label = tuning.get(shape_bucket(problem, layout_code(problem)))
+    tuned = [c for c in accepted if c.label == tuned_label]
+    best, how = (tuned[0], "tuned") if tuned else (min(accepted, key=lambda c: (c.estimate, c.label)), "model")
+    return Choice(best.kernel, how, tuple(candidates), best.split, best.run)

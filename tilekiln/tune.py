@@ -7,7 +7,7 @@ Runs on a GPU with torch. For every shape it times each kernel whose contract
 accepts the problem (CUDA events, median of many launches after warm-up,
 inputs rotated so the L2 is cold for problems smaller than it), and records
 the winner under the problem's shape bucket (``select.shape_bucket``: dtype,
-layout and the power-of-two ceiling of M, N, K and batch). The table is
+layout and M, N, K and batch rounded up to the next 2^k or 3·2^k). The table is
 written into ``manifest.json`` (``tuning.table``) and the manifest's digest is
 recomputed, atomically; the runtime then prefers the tuned kernel for every
 problem in that bucket whose contract it accepts. ``--table-out`` also writes
@@ -85,7 +85,7 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
     import tilekiln
     from tilekiln._tensors import describe
     from tilekiln.problem import make_problem
-    from tilekiln.select import check_kernel, layout_code, shape_bucket
+    from tilekiln.select import layout_code, shape_bucket
 
     bundle = tilekiln.load(bundle_dir)
     fp8 = dtype_name == "e4m3"
@@ -99,11 +99,11 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
                                "bf16" if fp8 else None)
         bucket = shape_bucket(problem, layout_code(problem))
         timings = {}
-        for kernel in bundle.kernels:
-            if check_kernel(kernel, problem) is not None:
-                continue
+        # Every accepted choice, split-K ones included, by the label a pin and the table use.
+        labels = [c.label for c in bundle.choose(problem, allow_split=True).candidates if c.accepted]
+        for label in labels:
 
-            def run(i, kid=kernel.id):
+            def run(i, kid=label):
                 a, b, c = sets[i % len(sets)]
                 if fp8:
                     bundle.scaled_gemm(a, b, *scales, out=c, kernel=kid)
@@ -112,7 +112,7 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
 
             for i in range(3):
                 run(i)
-            timings[kernel.id] = median_event_ms(run, iters)
+            timings[label] = median_event_ms(run, iters)
         if not timings:
             continue
         best = min(timings, key=timings.get)

@@ -7,6 +7,14 @@
  * time. _cuKernelGetAttribute takes a device ordinal where the driver wants a
  * CUdevice, so it converts through cuDeviceGet, resolved from the driver via
  * cudaGetDriverEntryPointByVersion (no link-time libcuda dependency).
+ *
+ * _cudaLaunchKernelEx, the one call on the launch path, goes straight to the
+ * driver's cuLaunchKernelEx: cudaKernel_t is a CUkernel, the two launch
+ * attribute types share one layout (checked below), and a non-null stream
+ * names its own context. Whatever the driver refuses (a thread with no
+ * current context on the legacy stream, a bad configuration) is retried
+ * through cudaLaunchKernelExC, which sets the context up and reports the
+ * error as a cudaError_t; tk_fallback_launches() counts those retries.
  */
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -22,8 +30,46 @@ cudaError_t _cudaLibraryGetKernel(cudaKernel_t *kernel, cudaLibrary_t library, c
   return cudaLibraryGetKernel(kernel, library, name);
 }
 
+_Static_assert(sizeof(cudaLaunchAttribute) == sizeof(CUlaunchAttribute), "launch attribute layouts differ");
+_Static_assert((int)cudaLaunchAttributeClusterDimension == (int)CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+               "launch attribute ids differ");
+_Static_assert((int)cudaLaunchAttributeClusterSchedulingPolicyPreference ==
+                   (int)CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE,
+               "launch attribute ids differ");
+
+typedef CUresult (*launch_kernel_ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
+
+static launch_kernel_ex_fn driver_launch;
+static int driver_launch_resolved;
+static unsigned long long fallback_launches;
+
+static launch_kernel_ex_fn resolve_driver_launch(void) {
+  if (__atomic_load_n(&driver_launch_resolved, __ATOMIC_ACQUIRE)) return driver_launch;
+  void *fn = 0;
+  enum cudaDriverEntryPointQueryResult found;
+  if (cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess)
+    fn = 0;
+  driver_launch = (launch_kernel_ex_fn)fn; /* every racing thread stores the same value */
+  __atomic_store_n(&driver_launch_resolved, 1, __ATOMIC_RELEASE);
+  return driver_launch;
+}
+
 cudaError_t _cudaLaunchKernelEx(const cudaLaunchConfig_t *config, const void *kernel, void **args) {
+  launch_kernel_ex_fn launch = resolve_driver_launch();
+  if (launch) {
+    CUlaunchConfig driver_config = {
+        config->gridDim.x, config->gridDim.y, config->gridDim.z,
+        config->blockDim.x, config->blockDim.y, config->blockDim.z,
+        (unsigned int)config->dynamicSmemBytes, (CUstream)config->stream,
+        (CUlaunchAttribute *)config->attrs, config->numAttrs};
+    if (launch(&driver_config, (CUfunction)kernel, args, 0) == CUDA_SUCCESS) return cudaSuccess;
+  }
+  __atomic_add_fetch(&fallback_launches, 1, __ATOMIC_RELAXED);
   return cudaLaunchKernelExC(config, kernel, args);
+}
+
+__attribute__((visibility("default"))) unsigned long long tk_fallback_launches(void) {
+  return __atomic_load_n(&fallback_launches, __ATOMIC_RELAXED);
 }
 
 cudaError_t _cudaGetDevice(int *device) { return cudaGetDevice(device); }

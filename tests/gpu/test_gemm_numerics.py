@@ -64,6 +64,8 @@ def test_every_kernel_matches_float64_reference(bundle):
     torch = _torch()
     failures = []
     for kernel in bundle.kernels:
+        if kernel.dtypes[3] == "f32":
+            continue  # fp32-partial kernels: test_split_k_and_fp32_results
         for i, (batch, m, n, k) in enumerate(SHAPES):
             a, b = make_operands(kernel, batch, m, n, k, seed=1000 * kernel.index + i)
             if kernel.dtypes[0] in FP8:
@@ -84,6 +86,41 @@ def test_every_kernel_matches_float64_reference(bundle):
                 err = relative_error(out, a, b)
             if torch.isnan(out).any() or not err < 1e-2:
                 failures.append(f"{kernel.id} {(batch, m, n, k)}: relative error {err:.3g}")
+    assert not failures, "\n".join(failures)
+
+
+SPLIT_SHAPES = [(1000, 1032, 4096, 2), (16, 8192, 8192, 4), (64, 520, 8192, 8), (256, 4096, 14336, 2)]
+
+
+def test_split_k_and_fp32_results(bundle):
+    """Every fp32-partial kernel as split-K (bf16 out) against float64, bitwise repeatable;
+    the fp8 ones also straight to a float32 result (torch._scaled_mm's out_dtype)."""
+    torch = _torch()
+    failures = []
+    for kernel in (k for k in bundle.kernels if k.dtypes[3] == "f32"):
+        fp8 = kernel.dtypes[0] in FP8
+        for i, (m, n, k, split) in enumerate(SPLIT_SHAPES):
+            g = torch.Generator(device="cuda").manual_seed(7000 + 10 * kernel.index + i)
+            a = torch.randn(m, k, device="cuda", generator=g)
+            w = torch.randn(n, k, device="cuda", generator=g)
+            pin = f"{kernel.id}/splitk{split}"
+            if fp8:
+                a, w = a.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+                sa, sb = torch.tensor([0.5], device="cuda"), torch.tensor([0.25], device="cuda")
+                ref = (a.double() @ w.double().t()) * 0.125
+                runs = [bundle.scaled_gemm(a, w.t(), sa, sb, kernel=pin) for _ in range(2)]
+                runs.append(bundle.scaled_gemm(a, w.t(), sa, sb, out_dtype=torch.float32, kernel=kernel.id))
+            else:
+                a, w = a.to(torch.bfloat16), w.to(torch.bfloat16)
+                ref = a.double() @ w.double().t()
+                runs = [bundle.gemm(a, w.t(), kernel=pin) for _ in range(2)]
+            torch.cuda.synchronize()
+            for out in runs:
+                err = ((out.double() - ref).norm() / ref.norm()).item()
+                if torch.isnan(out).any() or not err < 1e-2:
+                    failures.append(f"{pin} {(m, n, k)} -> {out.dtype}: relative error {err:.3g}")
+            if not torch.equal(runs[0], runs[1]):
+                failures.append(f"{pin} {(m, n, k)}: two runs differ")
     assert not failures, "\n".join(failures)
 
 

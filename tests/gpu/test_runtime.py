@@ -128,6 +128,30 @@ def test_eight_threads_launch_concurrently(bundle, torch):
     assert not errors, errors
 
 
+def test_launches_go_straight_to_the_driver(bundle, torch):
+    """templates/link/shim.c launches through cuLaunchKernelEx and retries through the CUDA
+    runtime only what the driver refuses: a thread with no current context, once."""
+    a = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(512, 384, device="cuda", dtype=torch.bfloat16)
+    ref = a.double() @ b.double()
+    bundle.gemm(a, b)
+    lib = bundle._lib
+    before = lib.fallback_launches()
+    for _ in range(20):
+        out = bundle.gemm(a, b)
+    assert lib.fallback_launches() == before
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+    results = []
+    thread = threading.Thread(target=lambda: results.extend(bundle.gemm(a, b) for _ in range(5)))
+    thread.start()
+    thread.join()
+    torch.cuda.synchronize()
+    assert len(results) == 5
+    assert all(((r.double() - ref).norm() / ref.norm()).item() < 1e-2 for r in results)
+    assert lib.fallback_launches() - before <= 1
+
+
 def test_cuda_graph_capture_and_replay(bundle, torch):
     a = torch.randn(512, 384, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(384, 256, device="cuda", dtype=torch.bfloat16)

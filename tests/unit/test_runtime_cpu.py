@@ -12,7 +12,8 @@ from tilekiln._tensors import Operand
 from tilekiln.errors import NoKernelError
 from tilekiln.manifest import Contract, KernelInfo
 from tilekiln.problem import make_problem
-from tilekiln.select import check_kernel, choose, estimate, shape_bucket
+from tilekiln.select import bucket_ceiling, check_kernel, choose, estimate, shape_bucket
+from tilekiln.splitk import label, parse_label, sliced
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -131,6 +132,56 @@ def test_wave_quantisation_prefers_smaller_tiles_for_skinny_problems():
 def test_sm_count_changes_wave_count():
     p = tn(2048, 2048, 4096)
     assert estimate(KERNELS[2], p, 132) != estimate(KERNELS[2], p, 66)
+
+
+def test_bucket_ceilings_step_by_half_octaves():
+    assert [bucket_ceiling(v) for v in (1, 2, 3, 5, 7, 4096, 4097, 12288, 14336, 24576, 28672)] == \
+        [1, 2, 3, 6, 8, 4096, 6144, 12288, 16384, 24576, 32768]
+    assert shape_bucket(tn(256, 24576, 8192), "tn") != shape_bucket(tn(256, 28672, 8192), "tn")
+    assert shape_bucket(tn(250, 24000, 8000), "tn") == shape_bucket(tn(256, 24576, 8192), "tn")
+
+
+# -- split-K --------------------------------------------------------------------------------------
+
+def partial_kernel(index, tile):
+    k = kernel(index, tile)
+    return KernelInfo(k.index, f"p{index}_{tile[0]}x{tile[1]}", ("bf16", "bf16", "f32", "f32"), "k", "k", tile,
+                      (1, 1), "cooperative", 4, k.contract, 168, 200000, 24000, "compile-verified")
+
+
+def test_k_slices_are_batch_views_of_the_operands():
+    p = sliced(tn(16, 8192, 8192), 4)
+    assert (p.m, p.n, p.k, p.batch, p.out_dtype) == (16, 8192, 2048, 4, "f32")
+    assert (p.a.lead, p.a.batch) == (8192, 2048) and (p.b.lead, p.b.batch) == (8192, 2048)
+    assert (p.c.lead, p.c.batch) == (8192, 16 * 8192) and p.out_shape == (4, 16, 8192)
+    # an M-major A steps through K by rows; a ragged N gets 16-byte workspace rows
+    m_major = sliced(make_problem(op("a", (100, 4096), (1, 104)), op("b", (4096, 30), (1, 4096)), None), 2)
+    assert (m_major.a.major, m_major.a.batch) == ("m", 2048 * 104) and m_major.c.lead == 32
+
+
+def test_problems_that_cannot_be_split():
+    assert sliced(tn(16, 8192, 8190), 4) is None  # K not divisible
+    assert sliced(tn(16, 8192, 4096), 8) is None  # slices shallower than MIN_SLICE_K
+    assert sliced(tn(16, 8192, 8192, batch=2), 2) is None  # already batched
+    assert sliced(tn(8192, 8192, 8192), 2) is None  # the workspace would exceed its bound
+
+
+def test_labels_name_the_split():
+    assert label("k1", 1) == "k1" and parse_label(label("k1", 4)) == ("k1", 4)
+    assert parse_label("gemm_x_tn_64x128x64_c1x1") == ("gemm_x_tn_64x128x64_c1x1", 1)
+
+
+def test_model_splits_a_deep_problem_with_too_few_tiles():
+    kernels = (*KERNELS, partial_kernel(6, (64, 128, 64)))
+    p = tn(16, 8192, 8192)  # 64 tiles of 64x128 on 132 SMs
+    assert choose(kernels, p, 132, {}).split == 1  # without split candidates, no split
+    choice = choose(kernels, p, 132, {}, splits=(1, 2, 4))
+    assert choice.kernel.id == "p6_64x128" and choice.split == 2 and choice.run.batch == 2
+    assert choice.label == "p6_64x128/splitk2" and "accept p6_64x128/splitk4" in str(choice)
+    # a large problem is not split, and the tuning table can name a split choice
+    assert choose(kernels, tn(4096, 4096, 4096), 132, {}, splits=(1, 2)).split == 1
+    bucket = shape_bucket(p, "tn")
+    assert choose(kernels, p, 132, {bucket: "p6_64x128/splitk4"}, splits=(1, 2, 4)).label == "p6_64x128/splitk4"
 
 
 def test_tuning_table_overrides_the_model_when_the_kernel_fits():

@@ -1,0 +1,66 @@
+"""Split-K: a deep-K problem with few output tiles, run as a batch of K slices and one ordered sum.
+
+On 132 SMs, problems with M from 16 to 256 against N of 4096 to 8192 make too
+few output tiles to fill the machine however deep K is (16x8192 in 64x128
+tiles: 64 CTAs). Split S ways, the problem becomes the batched problem
+(M, N, K/S, batch S): slice s of A and of B is a view starting s*K/S along
+K, given to the kernel as its batch stride (nothing is copied), and its
+result is plane s of an fp32 workspace. The planes are then added in plane
+order (``torch.sum`` over the first dimension, which uses no atomics) and
+rounded once into ``out``, so the result does not depend on how CTAs were
+scheduled. fp8 kernels apply the per-tensor scales to each partial; scaling
+is linear, so the planes sum to the scaled product.
+
+Only torch callers get split plans: the sum runs through torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tilekiln.problem import GemmProblem, Layout2
+
+SPLITS = (2, 3, 4, 6, 8)
+# Shallower slices make the workspace round trip cost more than the extra CTAs buy.
+MIN_SLICE_K = 1024
+# The analytic model's price for the workspace round trip and the two extra
+# launches of the sum; measured choices (`tilekiln tune`) replace it.
+SPLIT_OVERHEAD = 1.25
+# Problems whose partials would need more than this are large enough in M x N
+# to fill the machine unsplit; the bound also caps the workspace each call allocates.
+MAX_WORKSPACE_BYTES = 64 * 2**20
+PARTIAL_DTYPE = "f32"
+_PARTIAL_ITEMSIZE = 4
+_SUFFIX = "/splitk"
+
+
+def label(kernel_id: str, split: int) -> str:
+    """How a choice is named in explain output, tuning tables and ``kernel=`` pins."""
+    return kernel_id if split == 1 else f"{kernel_id}{_SUFFIX}{split}"
+
+
+def parse_label(text: str) -> tuple[str, int]:
+    """(kernel id, split) of a :func:`label`."""
+    head, sep, tail = text.rpartition(_SUFFIX)
+    if sep and tail.isdigit() and int(tail) > 1:
+        return head, int(tail)
+    return text, 1
+
+
+def sliced(problem: GemmProblem, split: int) -> GemmProblem | None:
+    """The batched problem over ``split`` K slices writing fp32 partials, or None if it cannot be split."""
+    if problem.batch != 1 or problem.fold_batch or problem.out_dtype == PARTIAL_DTYPE:
+        return None
+    if problem.k % split or problem.k // split < MIN_SLICE_K:
+        return None
+    kc = problem.k // split
+    lead = -(-problem.n * _PARTIAL_ITEMSIZE // 16) * 16 // _PARTIAL_ITEMSIZE  # 16-byte rows for TMA
+    if split * problem.m * lead * _PARTIAL_ITEMSIZE > MAX_WORKSPACE_BYTES:
+        return None
+
+    def slice_of(layout: Layout2, k_contiguous: bool) -> Layout2:
+        return Layout2(layout.major, layout.lead, kc if k_contiguous else kc * layout.lead)
+
+    return replace(problem, out_dtype=PARTIAL_DTYPE, k=kc, batch=split,
+                   a=slice_of(problem.a, problem.a.major == "k"), b=slice_of(problem.b, problem.b.major == "k"),
+                   c=Layout2("n", lead, problem.m * lead), out_shape=(split, problem.m, lead))
