@@ -20,7 +20,9 @@ import tilekiln
 from builder import __version__
 from builder.bundle import bundle_name, library_name
 from builder.toolchain import toolchain
+from builder.tuning import read_tuning
 from tilekiln.manifest import ABI_VERSION
+from tilekiln.splitk import parse_label
 
 if TYPE_CHECKING:
     from builder.build import KernelRecord
@@ -65,18 +67,16 @@ def make_manifest(arch: str, records: list[KernelRecord], validation: Validation
 
 
 def _tuning(root: Path, bundle: str, kernel_ids: set[str]) -> dict:
-    """The measured selection table kept in ``catalog/tuning/<bundle>.json``, if any.
+    """The committed tuning table of the bundle (builder/tuning.py), if any.
 
-    ``python3 -m tilekiln.tune`` writes the table into a bundle on a GPU machine;
-    committing that table here makes every later build ship it. Buckets whose
-    kernel is not in this bundle (removed from the catalog, or left out by
-    ``--only``) are dropped: the runtime falls back to its model there.
+    Buckets whose kernel is not in this bundle (removed from the catalog, or
+    left out by ``--only``) are dropped: the runtime falls back to its model there.
     """
-    path = root / "catalog" / "tuning" / f"{bundle}.json"
-    if not path.exists():
+    data = read_tuning(root, bundle)
+    if data is None:
         return {}
-    data = json.loads(path.read_text())
-    table = {bucket: kid for bucket, kid in data.get("table", {}).items() if kid in kernel_ids}
+    table = {bucket: choice for bucket, choice in data.get("table", {}).items()
+             if parse_label(choice)[0] in kernel_ids}
     measurements = {bucket: m for bucket, m in data.get("measurements", {}).items() if bucket in table}
     return {"tuning": {"device": data.get("device", "unknown"), "table": dict(sorted(table.items())),
                        "measurements": dict(sorted(measurements.items()))}}

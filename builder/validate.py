@@ -16,6 +16,7 @@ from builder.diagnostics import Diagnostic, DiagnosticError, has_errors
 from builder.facts import FactTable, UnknownPipeline, load_facts
 from builder.rules import RULES, KernelContext, make_context
 from builder.templates import TemplateSet, load_templates
+from builder.tuning import tuned_kernel_ids
 
 
 @dataclass(frozen=True)
@@ -69,12 +70,12 @@ def validate_project(project: Project, catalog_dir: Path | None = None,
         diagnostics.extend(exc.diagnostics)
     if facts is None or templates is None or catalog is None:
         return Validation(catalog, facts, templates, (), tuple(diagnostics))
-    kernels, planned, found = check_catalog(catalog, facts, templates)
+    kernels, planned, found = check_catalog(catalog, facts, templates, tuned_kernel_ids(project.root))
     diagnostics.extend(found)
     return Validation(catalog, facts, templates, kernels, tuple(diagnostics), planned)
 
 
-def check_catalog(catalog: Catalog, facts: FactTable, templates: TemplateSet
+def check_catalog(catalog: Catalog, facts: FactTable, templates: TemplateSet, tuned: frozenset[str] = frozenset()
                   ) -> tuple[tuple[KernelContext, ...], tuple[KernelContext, ...], list[Diagnostic]]:
     """Run every rule on every entry; return the buildable kernels, every planned
     kernel and all findings.
@@ -115,6 +116,8 @@ def check_catalog(catalog: Catalog, facts: FactTable, templates: TemplateSet
             diagnostics.extend(made)
             continue
         ctx = made[0]
+        if ctx is not None and kid in tuned:
+            ctx = replace(ctx, tuned=True)
         if ctx is None:
             diagnostics.append(Diagnostic(
                 "TEMPLATE-SUPPORT", f"{kid}: template {template.name if template else '(none)'} cannot build "

@@ -3,7 +3,8 @@
 The runtime (``tilekiln/select.py``) tells kernels apart by pipeline, dtypes,
 operand majorness, contract, CTA tile M x N and cluster; among kernels equal
 in all of these its model estimates the same time and the smallest id wins,
-so the others run only if a tuning table names them.
+so the others run only if a tuning table names them: those a committed
+table (``catalog/tuning/``) names are not reported.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def check_shadowed(kernels: tuple[KernelContext, ...]) -> Iterator[Diagnostic]:
         if rival is not ctx:
             # The model ties and the smaller id wins; the warning goes to the one that never runs.
             winner, loser = sorted((rival, ctx), key=lambda c: c.entry.kernel_id)
+            if loser.tuned:
+                continue
             yield loser.diag("SHADOWED", None, f"the runtime cannot tell it from {winner.entry.kernel_id} "
                              f"({winner.entry.locate()}): same dtypes, layout, contract, tile M x N and cluster, "
                              "so its model ties and picks the smaller id; this kernel runs only if a tuning table "

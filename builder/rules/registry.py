@@ -29,6 +29,7 @@ class KernelContext:
     facts: PipelineFacts
     template: Template | None
     plan: Plan
+    tuned: bool = False  # a committed tuning table names it (builder/tuning.py)
 
     @property
     def mma(self) -> str:

@@ -3,11 +3,14 @@ passing fixture beside it; FACT-MISSING never falls back to another pipeline."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from builder.diagnostics import Severity
 from builder.rules import RULES
-from tests.fixture_catalogs import FIXTURES, expectations, found, overlay_files, validate_fixture
+from builder.validate import Project, validate_project
+from tests.fixture_catalogs import FIXTURES, expectations, found, make_project, overlay_files, validate_fixture
 
 # Diagnostics that come from loading files rather than from RULES.
 LOADER_IDS = ("YAML-SYNTAX", "YAML-DUPLICATE-KEY", "CATALOG-SCHEMA", "CATALOG-INCOMPLETE", "CATALOG-SWEEP",
@@ -63,3 +66,14 @@ def test_missing_fact_is_never_borrowed(tmp_path):
     assert "cluster_dims_power_of_two" in missing[0].message and "CLUSTER-SHAPE" in missing[0].message
     assert not [d for d in diagnostics if d.rule == "CLUSTER-SHAPE"]
     assert {d.rule for d in diagnostics} == {"FACT-MISSING", "TEMPLATE-SUPPORT"}
+
+
+def test_a_kernel_the_committed_tuning_table_names_is_not_shadowed(tmp_path):
+    """The runtime picks a model-tied kernel where catalog/tuning/ names it, so SHADOWED stays quiet."""
+    fixture = FIXTURES / "SHADOWED" / "fail.yaml"
+    project = make_project(tmp_path, [fixture])
+    (project / "catalog" / "tuning" / "sm100a.json").write_text(json.dumps(
+        {"device": "test", "table": {"bf16/bf16->bf16:tn:4096x4096x4096:1":
+                                     "gemm_sm100_bf16_bf16_f32_bf16_tn_128x128x64_c1x1/splitk2"}}))
+    shadowed = [d for d in validate_project(Project(project)).diagnostics if d.rule == "SHADOWED"]
+    assert len(shadowed) == 1 and "stages 6" in shadowed[0].message
