@@ -232,7 +232,8 @@ class Bundle:
     def gemm(self, a, b, out=None, *, stream=None, kernel: str | None = None):
         """``a @ b`` with torch.matmul semantics, on the inputs' device and the current stream.
 
-        ``kernel`` pins one kernel by id instead of letting the selector choose.
+        ``kernel`` pins one choice by the label ``explain`` prints (a kernel id, or
+        ``<kernel id>/splitk<S>``) instead of letting the selector choose.
         """
         fast = _torch_path
         if fast is not None and isinstance(a, fast.Tensor) and isinstance(b, fast.Tensor):
