@@ -2,8 +2,9 @@
 
 Method (../shared/reference/gpu-method.md): every kernel is checked against a
 float64 reference before it is timed; tilekiln and torch are timed
-interleaved, shape by shape, with CUDA events after warm-up, the median of
-many launches, inputs rotated when a problem is smaller than the L2; the
+interleaved, shape by shape, with CUDA events around each of many launches
+queued back to back after warm-up (GPU time; ``tilekiln.tune.median_event_ms``),
+the median, inputs rotated when a problem is smaller than the L2; the
 whole suite runs ``--repeats`` times and the spread is reported, since the
 H200's clocks drift under sustained load.
 

@@ -4,8 +4,9 @@
                              [--table-out catalog/tuning/<bundle>.json]
 
 Runs on a GPU with torch. For every shape it times each kernel whose contract
-accepts the problem (CUDA events, median of many launches after warm-up,
-inputs rotated so the L2 is cold for problems smaller than it), and records
+accepts the problem (CUDA events around each of many launches queued back to
+back after warm-up, the median, inputs rotated so the L2 is cold for problems
+smaller than it), and records
 the winner under the problem's shape bucket (``select.shape_bucket``: dtype,
 layout and M, N, K and batch rounded up to the next 2^k or 3·2^k). The table is
 written into ``manifest.json`` (``tuning.table``) and the manifest's digest is
@@ -51,18 +52,27 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
 
 
 def median_event_ms(fn, iters: int) -> float:
-    """Median CUDA-event time of ``fn(i)`` for i in range(iters), each launch timed alone."""
+    """Median GPU time of ``fn(i)`` for i in range(iters): each call between its own pair of
+    CUDA events, the calls queued back to back.
+
+    The host does not wait between calls, so while the GPU has work queued a
+    call's events bracket only its kernels, not the host's time to enqueue
+    them (``bench/overhead.py`` measures that). Waiting after every call, as
+    this function first did, put the enqueue latency into every sample: about
+    7 us for tilekiln and 11 us for torch.matmul on the H200 host, a large
+    share of a 1024^3 GEMM's 15 us. The first call, which starts on an idle
+    GPU, is left out.
+    """
     import torch
 
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for i in range(iters):
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(iters + 1)]
+    for i, (start, end) in enumerate(events):
         start.record()
         fn(i)
         end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
-    return statistics.median(samples)
+    events[-1][1].synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events[1:])
 
 
 def operand_sets(m: int, n: int, k: int, dtype, out_dtype) -> list[tuple]:
