@@ -29,5 +29,5 @@ def tuned_kernel_ids(root: Path) -> frozenset[str]:
     """Every kernel id some committed tuning table names."""
     ids = set()
     for path in sorted(tuning_dir(root).glob("*.json")):
-        ids.update(parse_label(choice)[0] for choice in json.loads(path.read_text()).get("table", {}).values())
+        ids.update(parse_label(choice)[0] for choice in read_tuning(root, path.stem).get("table", {}).values())
     return frozenset(ids)

@@ -116,14 +116,14 @@ def check_catalog(catalog: Catalog, facts: FactTable, templates: TemplateSet, tu
             diagnostics.extend(made)
             continue
         ctx = made[0]
-        if ctx is not None and kid in tuned:
-            ctx = replace(ctx, tuned=True)
         if ctx is None:
             diagnostics.append(Diagnostic(
                 "TEMPLATE-SUPPORT", f"{kid}: template {template.name if template else '(none)'} cannot build "
                 f"pipeline {entry.config.pipeline}, whose MMA is {pipeline_facts.require('mma_instruction')}",
                 entry.locate("pipeline"), "add a template for this pipeline, or fix parameters.kind in its manifest"))
             continue
+        if kid in tuned:
+            ctx = replace(ctx, tuned=True)
         contexts.append(ctx)
         found: list[Diagnostic] = []
         broken = False

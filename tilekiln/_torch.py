@@ -129,7 +129,7 @@ def gemm(bundle, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, str
         if plan.problem.k == 0:
             out.zero_()
         return out
-    if plan.split != 1:
+    if plan.split > 1:
         return _split_k(bundle, plan, a, b, out, stream)
     pa, pb, pc = a.data_ptr(), b.data_ptr(), out.data_ptr()
     if (pa | pb | pc) & 15:

@@ -41,9 +41,8 @@ class Plan:
     """What a repeated call with the same signature needs."""
 
     problem: GemmProblem
-    kernel_index: int  # -1: nothing to launch (an empty result or K == 0)
     kernel_id: str  # the choice's label: "<kernel id>" or "<kernel id>/splitk<S>"
-    block: object  # the packed tk_plan_t (a ctypes buffer); None when nothing is launched
+    block: object  # the packed tk_plan_t (a ctypes buffer); None: nothing to launch (empty result or K == 0)
     split: int = 1  # K slices; > 1: the kernel writes fp32 partials that are then summed (splitk.py)
     run: GemmProblem | None = None  # what the kernel runs: the problem itself, or its K slices
 
@@ -184,7 +183,7 @@ class Bundle:
         """Validate the operands and choose; ``allow_split``: the caller can sum split-K partials."""
         problem = make_problem(a, b, out, out_dtype)
         if problem.empty or problem.k == 0:
-            return Plan(problem, -1, "", None)
+            return Plan(problem, "", None)
         choice = self.choose(problem, kernel, allow_split)
         if choice.kernel is None:
             raise NoKernelError(f"bundle {self.name} has no kernel for {problem.dtype} "
@@ -198,7 +197,7 @@ class Bundle:
         clusters = max(1, self.device(problem.device).sm_count // k.cluster_size)
         static = (run.a.lead, run.a.batch, run.b.lead, run.b.batch, run.c.lead, run.c.batch,
                   run.m, run.n, run.k, run.batch, clusters)
-        return Plan(problem, k.index, choice.label, NativeLibrary.plan_block(k.index, problem.device, static),
+        return Plan(problem, choice.label, NativeLibrary.plan_block(k.index, problem.device, static),
                     choice.split, run)
 
     def remember(self, key: tuple, plan: Plan) -> None:
@@ -276,10 +275,11 @@ class Bundle:
                 import torch
 
                 return _load_torch_path().gemm(self, torch.as_tensor(a, device=f"cuda:{a_op.device}"),
-                                  torch.as_tensor(b, device=f"cuda:{b_op.device}"), None, stream, kernel)
+                                               torch.as_tensor(b, device=f"cuda:{b_op.device}"), None, stream,
+                                               kernel)
             raise TypeError("out: pass an output array when the inputs are not torch tensors "
                             "(tilekiln allocates results only through torch)")
-        if plan.kernel_index < 0:
+        if plan.block is None:
             p = plan.problem
             if p.k == 0 and not p.empty:  # torch semantics: a sum over nothing is zero
                 from tilekiln._driver import zero_2d
