@@ -318,6 +318,17 @@ def package(root: Path, bundles: tuple[str, ...], out_dir: str, max_size: str | 
                    f"library needs glibc {wheel.tag.required[0]}.{wheel.tag.required[1]}")
 
 
+def _open_artifacts(fmt: str, *paths: str) -> list:
+    """Each bundle directory or wheel opened; one that cannot be read is reported and exits 1."""
+    from builder.artifact import open_artifact
+
+    try:
+        return [open_artifact(Path(p)) for p in paths]
+    except DiagnosticError as exc:
+        _report(exc.diagnostics, fmt)
+        sys.exit(EXIT_INVALID)
+
+
 @main.command(name="inspect")
 @click.argument("artifact", type=click.Path(exists=True))
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
@@ -325,14 +336,9 @@ def inspect_artifact(artifact: str, fmt: str) -> None:
     """Show a bundle's or bundle wheel's kernels, integrity and provenance (exit 1 if damaged)."""
     from rich.console import Console
 
-    from builder.artifact import open_artifact
     from builder.inspection import inspect_json, print_inspect
 
-    try:
-        found = open_artifact(Path(artifact))
-    except DiagnosticError as exc:
-        _report(exc.diagnostics, fmt)
-        sys.exit(EXIT_INVALID)
+    (found,) = _open_artifacts(fmt, artifact)
     if fmt == "json":
         click.echo(json.dumps(inspect_json(found), indent=2))
     else:
@@ -348,14 +354,9 @@ def diff(old: str, new: str, fmt: str) -> None:
     """Kernels added, removed and changed between two bundles or wheels, and the size delta."""
     from rich.console import Console
 
-    from builder.artifact import open_artifact
     from builder.inspection import diff_artifacts, diff_json, print_diff
 
-    try:
-        result = diff_artifacts(open_artifact(Path(old)), open_artifact(Path(new)))
-    except DiagnosticError as exc:
-        _report(exc.diagnostics, fmt)
-        sys.exit(EXIT_INVALID)
+    result = diff_artifacts(*_open_artifacts(fmt, old, new))
     if fmt == "json":
         click.echo(json.dumps(diff_json(result), indent=2))
     else:
