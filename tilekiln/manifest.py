@@ -67,7 +67,7 @@ class Manifest:
     library: str
     kernels: tuple[KernelInfo, ...]
     files: tuple[tuple[str, str], ...]
-    tuning: tuple[tuple[str, str], ...]  # (shape bucket, kernel id), measured by `tilekiln tune`
+    tuning: tuple[tuple[str, str], ...]  # (shape bucket, choice label), measured by `tilekiln tune`
     raw: dict
 
     def kernel(self, kernel_id: str) -> KernelInfo:

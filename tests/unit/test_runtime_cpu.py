@@ -10,7 +10,8 @@ import pytest
 
 from tilekiln._tensors import Operand
 from tilekiln.errors import NoKernelError
-from tilekiln.manifest import Contract, KernelInfo
+from tilekiln.bundle import Bundle, DeviceInfo
+from tilekiln.manifest import ABI_VERSION, Contract, KernelInfo, Manifest
 from tilekiln.problem import make_problem
 from tilekiln.select import bucket_ceiling, check_kernel, choose, estimate, shape_bucket
 from tilekiln.splitk import label, parse_label, sliced
@@ -182,6 +183,17 @@ def test_model_splits_a_deep_problem_with_too_few_tiles():
     assert choose(kernels, tn(4096, 4096, 4096), 132, {}, splits=(1, 2)).split == 1
     bucket = shape_bucket(p, "tn")
     assert choose(kernels, p, 132, {bucket: "p6_64x128/splitk4"}, splits=(1, 2, 4)).label == "p6_64x128/splitk4"
+
+
+def test_a_split_k_pin_needs_torch_tensors(tmp_path):
+    kernels = (*KERNELS, partial_kernel(6, (64, 128, 64)))
+    manifest = Manifest("sm90a", "0.1.0", "sm_90a", "a", (9, 0), ABI_VERSION, "lib/lib.so", kernels, (), (), {})
+    bundle = Bundle(tmp_path, manifest, device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+    a, b = op("a", (16, 8192)), op("b", (8192, 8192), (1, 8192))
+    out = op("out", (16, 8192))
+    with pytest.raises(TypeError, match="split-K runs sum their partials through torch; pass torch tensors"):
+        bundle.plan(a, b, out, kernel="p6_64x128/splitk2")
+    assert bundle.choose(make_problem(a, b, out), "p6_64x128/splitk2", allow_split=True).split == 2
 
 
 def test_tuning_table_overrides_the_model_when_the_kernel_fits():
