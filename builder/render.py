@@ -15,6 +15,7 @@ from pathlib import Path
 
 import jinja2
 
+from builder.config import Schedule
 from builder.derive import Tcgen05Plan
 from builder.rules import KernelContext
 
@@ -84,6 +85,7 @@ def template_context(ctx: KernelContext) -> dict[str, object]:
         "consumer_wgs": plan.consumer_wgs,
         "wg_threads": plan.threads // (1 + plan.consumer_wgs),
         "wg_tile_m": plan.wg_tile_m,
+        "pingpong": ctx.entry.config.schedule is Schedule.PINGPONG,
         "producer_regs": plan.producer_regs,
         "consumer_regs": plan.consumer_regs,
     }

@@ -50,6 +50,8 @@ class Sm90Parameters(_Strict):
     static_smem_bytes: int
     max_stages: int
     max_consumer_warpgroups: int
+    pingpong_row_blocks: PositiveInt = Field(
+        description="warpgroup-MMA row blocks in a ping-pong tile (its epilogue walks one block)")
 
 
 class Tcgen05Parameters(_Strict):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from builder.config import KernelConfig
+from builder.config import KernelConfig, Schedule
 from builder.derive.common import SmemUse, storage_layout
 from builder.facts import PipelineFacts
 from builder.templates import Template
@@ -44,10 +44,13 @@ def sm90_smem(config: KernelConfig, facts: PipelineFacts, template: Template, st
     p = template.manifest.parameters
     align = facts.require("smem_buffer_alignment")
     d, t = config.dtypes, config.tile
-    barriers = 2 * stages * facts.require("mbarrier_bytes")
+    pingpong = config.schedule is Schedule.PINGPONG
+    # Ping-pong adds the two mbarriers that order the consumers' mainloops and
+    # gives each consumer its own epilogue buffers.
+    barriers = (2 * stages + (2 if pingpong else 0)) * facts.require("mbarrier_bytes")
     a = t.m * t.k * d.a.bits // 8 * stages
     b = t.n * t.k * d.b.bits // 8 * stages
-    epi = epi_m * epi_n * d.c.bits // 8 * p.epilogue_stages
+    epi = epi_m * epi_n * d.c.bits // 8 * p.epilogue_stages * (p.max_consumer_warpgroups if pingpong else 1)
     dynamic, operand_end = storage_layout(barriers, a, b, epi, align)
     return SmemUse(barriers, a, b, epi, dynamic, p.static_smem_bytes, operand_end)
 
@@ -56,9 +59,14 @@ def plan_sm90(config: KernelConfig, facts: PipelineFacts, template: Template) ->
     p = template.manifest.parameters
     wg_threads = facts.require("threads_per_warpgroup")
     mma_m = facts.require("mma_m_per_warpgroup")
-    consumer_wgs = max(1, min(p.max_consumer_warpgroups, config.tile.m // mma_m))
-    wg_tile_m = config.tile.m // consumer_wgs
-    epi_m = min(config.tile.m, mma_m * consumer_wgs)
+    if config.schedule is Schedule.PINGPONG:
+        # Two consumers, each on whole tiles of its own.
+        consumer_wgs, tile_wgs = p.max_consumer_warpgroups, 1
+    else:
+        consumer_wgs = max(1, min(p.max_consumer_warpgroups, config.tile.m // mma_m))
+        tile_wgs = consumer_wgs
+    wg_tile_m = config.tile.m // tile_wgs
+    epi_m = min(config.tile.m, mma_m * tile_wgs)
     epi_n = min(config.tile.n, p.epilogue_tile_n)
     budget = facts.require("smem_per_block_optin")
 
@@ -74,7 +82,7 @@ def plan_sm90(config: KernelConfig, facts: PipelineFacts, template: Template) ->
     reg_cap = facts.require("max_registers_per_thread") // step * step
     producer = p.producer_registers
     consumer = min(reg_cap, (regs_total - producer * wg_threads) // (wg_threads * consumer_wgs) // step * step)
-    acc_regs = config.tile.m * config.tile.n * config.dtypes.acc.bits // 32 // (wg_threads * consumer_wgs)
+    acc_regs = config.tile.m * config.tile.n * config.dtypes.acc.bits // 32 // (wg_threads * tile_wgs)
 
     tma_align = facts.require("tma_alignment_bytes")
     d = config.dtypes

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from builder.config import Schedule
 from builder.derive import Sm90Plan
 from builder.diagnostics import Diagnostic
 from builder.rules.registry import KernelContext, rule
@@ -33,6 +34,11 @@ def check_tile_m(ctx: KernelContext) -> Iterator[Diagnostic]:
         if tm % mma_m:
             yield ctx.diag("MMA-TILE-M", "tile", f"tile M {tm} is not a multiple of the {mma_m}-row warpgroup MMA",
                            f"use {max(mma_m, tm // mma_m * mma_m)} or {(tm // mma_m + 1) * mma_m}", mma_m=mma_m)
+        elif cfg.schedule is Schedule.PINGPONG and ctx.template is not None and tm != (
+                rows := mma_m * ctx.template.manifest.parameters.pingpong_row_blocks):
+            yield ctx.diag("MMA-TILE-M", "tile", f"tile M {tm} is not the {rows} rows a ping-pong consumer of "
+                           f"{ctx.template.path.name} computes", f"use tile M {rows}, or schedule cooperative",
+                           pingpong_tile_m=rows)
         elif ctx.plan.wg_tile_m % mma_m:
             yield ctx.diag("MMA-TILE-M", "tile", f"tile M {tm} splits into {ctx.plan.wg_tile_m} rows per consumer "
                            f"warpgroup, not a multiple of {mma_m}",
