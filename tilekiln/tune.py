@@ -14,6 +14,11 @@ recomputed, atomically; the runtime then prefers the tuned kernel for every
 problem in that bucket whose contract it accepts. ``--table-out`` also writes
 the table as a file: committed as ``catalog/tuning/<bundle>.json``, every
 later build ships it (builder/manifest.py).
+
+    python3 -m tilekiln.tune BUNDLE_DIR --merge RUN1.json RUN2.json ... [--table-out FILE]
+
+needs no GPU: it picks each bucket's winner again from the measurements of
+several earlier runs (their ``--table-out`` files), by ``combine``.
 """
 
 from __future__ import annotations
@@ -139,6 +144,39 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
     return table
 
 
+def combine(runs: list[dict[str, dict]]) -> dict[str, dict]:
+    """One table from the ``measurements`` of several tune runs.
+
+    Per bucket, each candidate that every run measured there is scored by the
+    geometric mean, over the runs, of its time relative to that run's fastest;
+    the lowest score wins, and the entry records the geometric-mean time of
+    each such candidate. A single run is a snapshot of a card whose clock
+    moves with its power cap: on the H200 two runs of the same bundle half an
+    hour apart picked different kernels for 107 of 164 buckets, and at
+    2048x8192x28672 bf16 one table's pick ran at 0.91 of cuBLAS where the
+    other's ran at 1.02 (bench/README.md), so the shipped table combines runs.
+    """
+    table: dict[str, dict] = {}
+    for bucket in sorted({b for run in runs for b in run}):
+        entries = [run[bucket] for run in runs if bucket in run]
+        common = set.intersection(*(set(e["candidates"]) for e in entries))
+        if not common:
+            continue
+
+        def geomean(values):
+            return math.exp(sum(math.log(v) for v in values) / len(values))
+
+        score = {c: geomean([e["candidates"][c] / min(e["candidates"][x] for x in common) for e in entries])
+                 for c in common}
+        times = {c: round(geomean([e["candidates"][c] for e in entries]), 4) for c in sorted(common)}
+        best = min(sorted(common), key=score.get)
+        first = entries[0]
+        table[bucket] = {"kernel": best, "flops": first["flops"], "shape": first["shape"],
+                         "tflops": round(first["flops"] / times[best] / 1e9, 1), "candidates": times,
+                         "runs": len(entries)}
+    return table
+
+
 def write_table(bundle_dir: Path, table: dict[str, dict], device: str) -> dict:
     """Merge ``table`` into the bundle's manifest; returns the manifest's new ``tuning`` field."""
     path = bundle_dir / MANIFEST_NAME
@@ -171,14 +209,32 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "e4m3"])
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--table-out", type=Path, default=None, help="also write the tuning table to this file")
+    p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="RUN.json",
+                   help="no measuring: choose from these earlier runs' --table-out files")
     args = p.parse_args(argv)
+    if args.merge:
+        runs, devices = [], set()
+        for path in args.merge:
+            try:
+                data = json.loads(path.read_text())
+                runs.append(data["measurements"])
+                devices.add(data["device"])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise SystemExit(f"--merge {path}: not a tuning file written by --table-out ({exc})")
+        if len(devices) != 1:
+            raise SystemExit(f"--merge: the runs come from different devices ({', '.join(sorted(devices))})")
+        _finish(args, combine(runs), devices.pop())
+        return
     import torch
 
     if not torch.cuda.is_available():
         raise SystemExit("tilekiln tune needs a CUDA GPU")
     shapes = parse_shapes(args.shapes) if args.shapes else DEFAULT_SHAPES
-    table = tune(args.bundle, shapes, args.dtype, args.iters)
-    tuning = write_table(args.bundle, table, torch.cuda.get_device_name())
+    _finish(args, tune(args.bundle, shapes, args.dtype, args.iters), torch.cuda.get_device_name())
+
+
+def _finish(args, table: dict[str, dict], device: str) -> None:
+    tuning = write_table(args.bundle, table, device)
     if args.table_out is not None:
         _atomic_write(args.table_out, json.dumps(tuning, indent=2, sort_keys=True) + "\n")
     print(f"wrote {len(table)} buckets to {args.bundle / MANIFEST_NAME}", file=sys.stderr)

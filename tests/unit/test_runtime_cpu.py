@@ -227,3 +227,41 @@ def test_runtime_imports_without_build_dependencies():
     proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_tuning_runs_combine_by_relative_time_and_merge_without_a_gpu(tmp_path):
+    """A kernel that won one run by a hair but lost the other by a lot does not win the merged table."""
+    import json as _json
+
+    from tilekiln import tune
+    from tilekiln.manifest import MANIFEST_NAME
+
+    def entry(**times):
+        return {"kernel": min(times, key=times.get), "flops": 2e12, "shape": [1, 1, 1], "tflops": 0.0,
+                "candidates": times}
+
+    run1 = {"b1": entry(x=1.00, y=1.01, z=2.0), "only1": entry(x=1.0)}
+    run2 = {"b1": entry(x=1.20, y=1.02, w=0.5)}  # w: measured in one run only, not comparable
+    table = tune.combine([run1, run2])
+    assert table["b1"]["kernel"] == "y" and set(table["b1"]["candidates"]) == {"x", "y"}
+    assert table["b1"]["runs"] == 2 and table["b1"]["candidates"]["x"] == round((1.0 * 1.2) ** 0.5, 4)
+    assert table["only1"]["kernel"] == "x" and table["only1"]["runs"] == 1
+
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / MANIFEST_NAME).write_text(_json.dumps({"kernels": []}))
+    files = []
+    for i, run in enumerate((run1, run2)):
+        files.append(tmp_path / f"run{i}.json")
+        files[-1].write_text(_json.dumps({"device": "NVIDIA H200", "table": {}, "measurements": run}))
+    out = tmp_path / "table.json"
+    tune.main([str(bundle), "--merge", *map(str, files), "--table-out", str(out)])
+    assert _json.loads(out.read_text())["table"] == {"b1": "y", "only1": "x"}
+    assert _json.loads((bundle / MANIFEST_NAME).read_text())["tuning"]["table"] == {"b1": "y", "only1": "x"}
+
+    files[1].write_text(_json.dumps({"device": "NVIDIA H100", "measurements": run2}))
+    with pytest.raises(SystemExit, match="different devices"):
+        tune.main([str(bundle), "--merge", *map(str, files)])
+    files[1].write_text("{}")
+    with pytest.raises(SystemExit, match=r"run1\.json: not a tuning file"):
+        tune.main([str(bundle), "--merge", *map(str, files)])
