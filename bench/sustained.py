@@ -113,7 +113,7 @@ def main() -> None:
             for name, call in sides.items():
                 blocks.append((name, *run_block(call, args.block)))
     finally:
-        time.sleep(0.3)
+        time.sleep(0.3)  # the sampler's last lines cover the end of the final block
         sampler.terminate()
         out, _ = sampler.communicate()
     samples = parse_samples(out)

@@ -162,19 +162,33 @@ def combine(runs: list[dict[str, dict]]) -> dict[str, dict]:
         common = set.intersection(*(set(e["candidates"]) for e in entries))
         if not common:
             continue
-
-        def geomean(values):
-            return math.exp(sum(math.log(v) for v in values) / len(values))
-
-        score = {c: geomean([e["candidates"][c] / min(e["candidates"][x] for x in common) for e in entries])
-                 for c in common}
-        times = {c: round(geomean([e["candidates"][c] for e in entries]), 4) for c in sorted(common)}
+        fastest = [min(e["candidates"][c] for c in common) for e in entries]
+        score = {c: _geomean([e["candidates"][c] / f for e, f in zip(entries, fastest)]) for c in common}
+        times = {c: round(_geomean([e["candidates"][c] for e in entries]), 4) for c in sorted(common)}
         best = min(sorted(common), key=score.get)
         first = entries[0]
         table[bucket] = {"kernel": best, "flops": first["flops"], "shape": first["shape"],
                          "tflops": round(first["flops"] / times[best] / 1e9, 1), "candidates": times,
                          "runs": len(entries)}
     return table
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def _read_run(path: Path) -> tuple[dict[str, dict], str]:
+    """(measurements, device) of a ``--table-out`` file; SystemExit naming the file if it is not one."""
+    try:
+        data = json.loads(path.read_text())
+        measurements, device = data["measurements"], data["device"]
+        for bucket, entry in measurements.items():
+            if not (entry["candidates"] and all(t > 0 for t in entry["candidates"].values())
+                    and entry["flops"] > 0 and len(entry["shape"]) == 3):
+                raise ValueError(f"bucket {bucket}: no positive candidate times, flops and shape")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise SystemExit(f"--merge {path}: not a tuning file written by --table-out ({exc})")
+    return measurements, device
 
 
 def write_table(bundle_dir: Path, table: dict[str, dict], device: str) -> dict:
@@ -213,14 +227,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="no measuring: choose from these earlier runs' --table-out files")
     args = p.parse_args(argv)
     if args.merge:
-        runs, devices = [], set()
-        for path in args.merge:
-            try:
-                data = json.loads(path.read_text())
-                runs.append(data["measurements"])
-                devices.add(data["device"])
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise SystemExit(f"--merge {path}: not a tuning file written by --table-out ({exc})")
+        read = [_read_run(path) for path in args.merge]
+        runs, devices = [m for m, _ in read], {d for _, d in read}
         if len(devices) != 1:
             raise SystemExit(f"--merge: the runs come from different devices ({', '.join(sorted(devices))})")
         _finish(args, combine(runs), devices.pop())

@@ -44,13 +44,13 @@ def sm90_smem(config: KernelConfig, facts: PipelineFacts, template: Template, st
     p = template.manifest.parameters
     align = facts.require("smem_buffer_alignment")
     d, t = config.dtypes, config.tile
-    pingpong = config.schedule is Schedule.PINGPONG
-    # Ping-pong adds the two mbarriers that order the consumers' mainloops and
+    # Ping-pong adds one mbarrier per consumer (they order the mainloops) and
     # gives each consumer its own epilogue buffers.
-    barriers = (2 * stages + (2 if pingpong else 0)) * facts.require("mbarrier_bytes")
+    pingpong_consumers = p.max_consumer_warpgroups if config.schedule is Schedule.PINGPONG else 0
+    barriers = (2 * stages + pingpong_consumers) * facts.require("mbarrier_bytes")
     a = t.m * t.k * d.a.bits // 8 * stages
     b = t.n * t.k * d.b.bits // 8 * stages
-    epi = epi_m * epi_n * d.c.bits // 8 * p.epilogue_stages * (p.max_consumer_warpgroups if pingpong else 1)
+    epi = epi_m * epi_n * d.c.bits // 8 * p.epilogue_stages * max(1, pingpong_consumers)
     dynamic, operand_end = storage_layout(barriers, a, b, epi, align)
     return SmemUse(barriers, a, b, epi, dynamic, p.static_smem_bytes, operand_end)
 

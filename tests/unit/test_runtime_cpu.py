@@ -265,3 +265,6 @@ def test_tuning_runs_combine_by_relative_time_and_merge_without_a_gpu(tmp_path):
     files[1].write_text("{}")
     with pytest.raises(SystemExit, match=r"run1\.json: not a tuning file"):
         tune.main([str(bundle), "--merge", *map(str, files)])
+    files[1].write_text(_json.dumps({"device": "NVIDIA H200", "measurements": {"b1": {"candidates": {}}}}))
+    with pytest.raises(SystemExit, match=r"run1\.json: not a tuning file .*b1"):
+        tune.main([str(bundle), "--merge", *map(str, files)])
