@@ -1,4 +1,4 @@
-"""ctypes binding of a bundle's shared library (its ``tk_*`` C API, ABI 3).
+"""ctypes binding of a bundle's shared library (its ``tk_*`` C API, ABI 4).
 
 The library is the bundle's kernels linked with the static CUDA runtime; it
 needs only libc and the NVIDIA driver. A launch passes two blocks by address:
@@ -8,8 +8,8 @@ stream), packed on every call. ``tk_run`` is bound without ``argtypes`` and
 called with the two ctypes buffers, which ctypes passes as pointers without
 per-argument conversion. On the H200 host the call block's pack costs 0.12 us
 and crossing into C 0.15 us (bench/results/overhead-h200-2026-12-02.json);
-the ABI-2 launch packed all 18 fields per call and took 11.7 us in all, this
-one 6.8.
+the ABI-2 launch packed all 18 fields per call and took 11.7 us in all, the
+two-block launch (ABI 3 on) 6.8. ABI 4 adds ``tk_max_active_clusters``.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class NativeLibrary:
             ("tk_device_count", [ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
             ("tk_device_attribute", [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
             ("tk_driver_version", [ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
+            ("tk_max_active_clusters", [ctypes.c_int] * 6 + [ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
         ):
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = argtypes, restype
@@ -102,3 +103,11 @@ class NativeLibrary:
     def device_attribute(self, attribute: int, device: int) -> tuple[int, int]:
         v = ctypes.c_int(0)
         return self._lib.tk_device_attribute(attribute, device, ctypes.byref(v)), v.value
+
+    def max_active_clusters(self, index: int, device: int, threads: int, smem_bytes: int,
+                            cluster: tuple[int, int]) -> tuple[int, int]:
+        """(status, clusters of kernel ``index`` that ``device`` holds at once); the kernel must be loaded there."""
+        v = ctypes.c_int(0)
+        status = self._lib.tk_max_active_clusters(index, device, threads, smem_bytes, cluster[0], cluster[1],
+                                                  ctypes.byref(v))
+        return status, v.value

@@ -23,9 +23,9 @@ from tilekiln._native import NativeLibrary
 from tilekiln._tensors import Operand, describe, is_torch_tensor
 from tilekiln.compat import arch_runs_on, wrong_device
 from tilekiln.errors import BundleError, LaunchError, NoKernelError
-from tilekiln.manifest import Manifest, read_manifest
+from tilekiln.manifest import KernelInfo, Manifest, read_manifest
 from tilekiln.problem import GemmProblem, make_problem
-from tilekiln.select import Choice, choose
+from tilekiln.select import Choice, choose, nominal_clusters
 from tilekiln.splitk import SPLITS, parse_label
 
 
@@ -48,6 +48,8 @@ class Plan:
 
 
 DeviceQuery = Callable[[int], DeviceInfo]
+# How many clusters of a kernel a device (ordinal) holds at once.
+ClusterQuery = Callable[[KernelInfo, int], int]
 
 
 PLAN_CACHE_LIMIT = 16384
@@ -72,13 +74,21 @@ def raise_misaligned(pa: int, pb: int, pc: int) -> None:
 
 
 class Bundle:
-    """A verified bundle. ``device_query`` answers what device ``ordinal`` is; by default
-    the bundle's library asks the driver (tests pass a simulated device)."""
+    """A verified bundle. ``device_query`` answers what device ``ordinal`` is and
+    ``cluster_query`` how many clusters of a kernel it holds at once; by default the
+    bundle's library asks the driver. A simulated device (tests) has no driver to
+    ask, so with ``device_query`` alone the cluster count is the nominal
+    SM count / cluster size."""
 
-    def __init__(self, directory: Path, manifest: Manifest, device_query: DeviceQuery | None = None):
+    def __init__(self, directory: Path, manifest: Manifest, device_query: DeviceQuery | None = None,
+                 cluster_query: ClusterQuery | None = None):
         self.directory = directory
         self.manifest = manifest
         self._device_query = device_query or self._query_device
+        if cluster_query is None:
+            cluster_query = self._query_clusters if device_query is None else self._nominal_clusters
+        self._cluster_query = cluster_query
+        self._clusters: dict[tuple[int, tuple[int, int]], int] = {}
         self._lock = threading.RLock()
         self._lib: NativeLibrary | None = None
         self._initialized: set[int] = set()
@@ -156,6 +166,41 @@ class Bundle:
             values.append(value)
         return DeviceInfo(ordinal, (values[0], values[1]), values[2])
 
+    def resident_clusters(self, kernel: KernelInfo, device: int) -> int:
+        """How many clusters of ``kernel`` a persistent launch on ``device`` starts: as many as
+        the device holds at once. Asked once per device and cluster shape, since every
+        kernel runs one CTA per SM (its pipeline stages fill the shared memory), so the
+        shape alone decides how the GPCs fit clusters."""
+        key = (device, kernel.cluster)
+        count = self._clusters.get(key)
+        if count is None:
+            with self._lock:
+                count = self._clusters.get(key)
+                if count is None:
+                    count = self._cluster_query(kernel, device)
+                    if count < 1:
+                        raise BundleError(f"{kernel.id}: cuda:{device} cannot hold one {kernel.cluster[0]}x"
+                                          f"{kernel.cluster[1]} cluster of {kernel.threads}-thread CTAs with "
+                                          f"{kernel.dynamic_smem_bytes} B of shared memory each; use a "
+                                          "kernel with a smaller cluster")
+                    self._clusters[key] = count
+        return count
+
+    def _nominal_clusters(self, kernel: KernelInfo, device: int) -> int:
+        return nominal_clusters(kernel, self.device(device).sm_count)
+
+    def _query_clusters(self, kernel: KernelInfo, device: int) -> int:
+        if kernel.cluster_size == 1:
+            return self.device(device).sm_count
+        self._ensure_ready(kernel.index, device)
+        lib = self._library()
+        status, count = lib.max_active_clusters(kernel.index, device, kernel.threads, kernel.dynamic_smem_bytes,
+                                                kernel.cluster)
+        if status:
+            raise BundleError(f"{kernel.id}: asking cuda:{device} how many of its clusters fit failed with "
+                              f"{lib.error_name(status)} ({lib.error_string(status)})")
+        return count
+
     def _ensure_ready(self, index: int, device: int) -> None:
         if (index, device) in self._ready:
             return
@@ -194,7 +239,7 @@ class Bundle:
         k, run = choice.kernel, choice.run
         # Loading happens here, on the slow path, so a cached plan can launch directly.
         self._ensure_ready(k.index, problem.device)
-        clusters = max(1, self.device(problem.device).sm_count // k.cluster_size)
+        clusters = self.resident_clusters(k, problem.device)
         static = (run.a.lead, run.a.batch, run.b.lead, run.b.batch, run.c.lead, run.c.batch,
                   run.m, run.n, run.k, run.batch, clusters)
         return Plan(problem, choice.label, NativeLibrary.plan_block(k.index, problem.device, static),
@@ -215,7 +260,9 @@ class Bundle:
             kernels, splits = tuple(k for k in self.kernels if k.id == kernel_id), (split,)
             if not kernels:
                 raise NoKernelError(f"kernel={kernel!r}: bundle {self.name} has no such kernel")
-        return choose(kernels, problem, self.device(problem.device).sm_count, self._tuning, splits)
+        device = problem.device
+        return choose(kernels, problem, self.device(device).sm_count, self._tuning, splits,
+                      lambda k: self.resident_clusters(k, device))
 
     def explain(self, a, b, out=None, out_dtype: str | None = None) -> Choice:
         """Which kernel would run for these operands, and why each other one would not.

@@ -24,7 +24,7 @@ SUPPORTED_SCHEMA_MAJOR = 1
 # _native.PLAN and _native.CALL pack; the builder stamps it into the library and the manifest.
 # 2: scale_a/scale_b added to tk_args_t. 3: tk_launch(index, tk_args_t) split into
 # tk_run(tk_plan_t, tk_call_t), so the static half is packed once per plan.
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,9 @@ class KernelInfo:
     smem_bytes: int
     cubin_bytes: int
     verification: str
+    threads: int  # per CTA, as the kernel launches
+    dynamic_smem_bytes: int  # per CTA, as the kernel launches
+
 
     @property
     def cluster_size(self) -> int:
@@ -172,6 +175,8 @@ def _parse(data: dict) -> Manifest:
                               int(c["max_extent"])),
             registers=int(k["resources"]["registers"]), smem_bytes=int(k["resources"]["smem_bytes"]),
             cubin_bytes=int(k["cubin"]["bytes"]), verification=k["verification"],
+            threads=int(k["threads"]),
+            dynamic_smem_bytes=int(k["resources"]["smem_bytes"]) - int(k["resources"]["static_smem_bytes"]),
         ))
     files = data["files"]
     for relative in files:

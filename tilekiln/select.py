@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from tilekiln.manifest import KernelInfo
 from tilekiln.problem import GemmProblem
@@ -116,12 +117,18 @@ def check_kernel(kernel: KernelInfo, problem: GemmProblem) -> str | None:
     return None
 
 
-def estimate(kernel: KernelInfo, problem: GemmProblem, sm_count: int) -> float:
+def nominal_clusters(kernel: KernelInfo, sm_count: int) -> int:
+    """Clusters of ``kernel`` that ``sm_count`` SMs would hold if every SM could join any cluster;
+    the driver's count (Bundle.resident_clusters) is lower where GPCs leave SMs over."""
+    return max(1, sm_count // kernel.cluster_size)
+
+
+def estimate(kernel: KernelInfo, problem: GemmProblem, resident: int) -> float:
+    """Relative run time of ``kernel`` on ``problem`` when ``resident`` of its clusters run at once."""
     tm, tn, _ = kernel.tile
     cm, cn = kernel.cluster
     cluster_tiles = math.ceil(math.ceil(problem.m / tm) / cm) * math.ceil(math.ceil(problem.n / tn) / cn)
     items = cluster_tiles * problem.batch
-    resident = max(1, sm_count // kernel.cluster_size)
     waves = math.ceil(items / resident)
     intensity = tm * tn / (tm + tn)
     efficiency = intensity / (intensity + _REUSE_KNEE) * _MULTICAST_GAIN ** math.log2(kernel.cluster_size)
@@ -129,9 +136,14 @@ def estimate(kernel: KernelInfo, problem: GemmProblem, sm_count: int) -> float:
 
 
 def choose(kernels: tuple[KernelInfo, ...], problem: GemmProblem, sm_count: int,
-           tuning: dict[str, str], splits: tuple[int, ...] = (1,)) -> Choice:
+           tuning: dict[str, str], splits: tuple[int, ...] = (1,),
+           resident: Callable[[KernelInfo], int] | None = None) -> Choice:
     """The kernel (and K split, among ``splits``) for ``problem``: tuned if the table names an
-    accepted candidate for its bucket, else the model's best."""
+    accepted candidate for its bucket, else the model's best. ``resident``: how many clusters
+    of a kernel the device holds at once (default :func:`nominal_clusters`)."""
+    if resident is None:
+        def resident(k: KernelInfo) -> int:
+            return nominal_clusters(k, sm_count)
     candidates = []
     for split in splits:
         run = problem if split == 1 else sliced(problem, split)
@@ -144,7 +156,7 @@ def choose(kernels: tuple[KernelInfo, ...], problem: GemmProblem, sm_count: int,
             if why is not None:
                 candidates.append(Candidate(k, False, why, split=split))
                 continue
-            cost = estimate(k, run, sm_count) * (SPLIT_OVERHEAD if split > 1 else 1.0)
+            cost = estimate(k, run, resident(k)) * (SPLIT_OVERHEAD if split > 1 else 1.0)
             reason = "contract fits" if split == 1 else f"contract fits {split} slices of K = {run.k}"
             candidates.append(Candidate(k, True, reason, cost, split, run))
     accepted = [c for c in candidates if c.accepted]

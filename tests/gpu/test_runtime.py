@@ -152,6 +152,23 @@ def test_launches_go_straight_to_the_driver(bundle, torch):
     assert lib.fallback_launches() - before <= 1
 
 
+def test_persistent_launches_start_the_clusters_the_device_holds(bundle, torch):
+    """Every kernel's cluster count comes from the driver, and one query per cluster shape
+    stands for every kernel of that shape (each runs one CTA per SM)."""
+    from tilekiln.select import nominal_clusters
+
+    sm_count = bundle.device(0).sm_count
+    lib = bundle._library()
+    for k in bundle.kernels:
+        resident = bundle.resident_clusters(k, 0)
+        assert 1 <= resident <= nominal_clusters(k, sm_count), (k.id, resident)
+        if k.cluster_size > 1:
+            bundle._ensure_ready(k.index, 0)
+            status, exact = lib.max_active_clusters(k.index, 0, k.threads, k.dynamic_smem_bytes, k.cluster)
+            assert status == 0 and exact == resident, (k.id, status, exact, resident)
+    print({f"{m}x{n}": bundle._clusters[(0, (m, n))] for (_, (m, n)) in bundle._clusters})
+
+
 def test_cuda_graph_capture_and_replay(bundle, torch):
     a = torch.randn(512, 384, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(384, 256, device="cuda", dtype=torch.bfloat16)

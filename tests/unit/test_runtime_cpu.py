@@ -13,7 +13,7 @@ from tilekiln.errors import NoKernelError
 from tilekiln.bundle import Bundle, DeviceInfo
 from tilekiln.manifest import ABI_VERSION, Contract, KernelInfo, Manifest
 from tilekiln.problem import make_problem
-from tilekiln.select import bucket_ceiling, check_kernel, choose, estimate, shape_bucket
+from tilekiln.select import bucket_ceiling, check_kernel, choose, estimate, nominal_clusters, shape_bucket
 from tilekiln.splitk import label, parse_label, sliced
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def op(name, shape, strides=None, dtype="bf16", ptr=0x10000, device=0):
 def kernel(index, tile, cluster=(1, 1), a="k", b="k", dtype="bf16", div=8):
     return KernelInfo(index, f"k{index}_{a}{b}_{tile[0]}x{tile[1]}_c{cluster[0]}x{cluster[1]}",
                       (dtype, dtype, "f32", dtype), a, b, tile, cluster, "cooperative", 4,
-                      Contract(16, (div, div, div), 2**31 - 1), 168, 200000, 24000, "compile-verified")
+                      Contract(16, (div, div, div), 2**31 - 1), 168, 200000, 24000, "compile-verified", 384, 199000)
 
 
 # -- problem mapping ----------------------------------------------------------------------------
@@ -130,9 +130,19 @@ def test_wave_quantisation_prefers_smaller_tiles_for_skinny_problems():
     assert estimate(KERNELS[3], tn(128, 2048, 8192), 132) < estimate(KERNELS[0], tn(128, 2048, 8192), 132)
 
 
-def test_sm_count_changes_wave_count():
+def test_resident_clusters_change_wave_count():
     p = tn(2048, 2048, 4096)
     assert estimate(KERNELS[2], p, 132) != estimate(KERNELS[2], p, 66)
+
+
+def test_the_model_counts_the_clusters_the_device_holds():
+    # 8192^2 in 128x256 tiles is 1024 2x1 cluster items: 16 waves of the nominal 66 clusters,
+    # 26 if the device held only 40.
+    p = tn(8192, 8192, 8192)
+    assert choose(KERNELS, p, 132, {}).kernel.id == KERNELS[1].id
+    short = choose(KERNELS, p, 132, {}, resident=lambda k: 40 if k.cluster_size > 1 else 132)
+    assert short.kernel.id == KERNELS[0].id
+    assert nominal_clusters(KERNELS[1], 132) == 66 and nominal_clusters(KERNELS[1], 1) == 1
 
 
 def test_bucket_ceilings_step_by_half_octaves():
@@ -147,7 +157,7 @@ def test_bucket_ceilings_step_by_half_octaves():
 def partial_kernel(index, tile):
     k = kernel(index, tile)
     return KernelInfo(k.index, f"p{index}_{tile[0]}x{tile[1]}", ("bf16", "bf16", "f32", "f32"), "k", "k", tile,
-                      (1, 1), "cooperative", 4, k.contract, 168, 200000, 24000, "compile-verified")
+                      (1, 1), "cooperative", 4, k.contract, 168, 200000, 24000, "compile-verified", 384, 199000)
 
 
 def test_k_slices_are_batch_views_of_the_operands():
