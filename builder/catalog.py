@@ -26,8 +26,8 @@ from builder.paths import display_path
 from builder.pydantic_errors import load_model
 from builder.yamlsrc import YamlDocument, YamlPath
 
-KERNEL_FIELDS = ("dtypes", "layout", "tile", "cluster", "cta_group", "block_scale", "schedule", "raster", "swizzle",
-                 "stages")
+KERNEL_FIELDS = ("dtypes", "layout", "tile", "cluster", "cta_group", "block_scale", "schedule", "swap_ab", "raster",
+                 "swizzle", "stages")
 REQUIRED_FIELDS = ("dtypes", "layout", "tile", "cluster")
 
 
@@ -60,6 +60,7 @@ class KernelFields(_Strict):
     cta_group: PositiveInt | None = Field(default=None, description="CTAs per MMA instruction: 1, or 2 for a CTA pair")
     block_scale: BlockScaleModel | None = Field(default=None, description="block-scaled operands: scale type and block")
     schedule: Schedule | None = None
+    swap_ab: bool | None = Field(default=None, description="compute C^T = B^T A^T; tile and cluster in the MMA's terms")
     raster: Raster | None = None
     swizzle: PositiveInt | None = Field(default=None, description="tiles per band in the raster walk (L2 reuse)")
     stages: Stages | None = Field(default=None, description="shared-memory pipeline depth, or auto")
@@ -73,6 +74,7 @@ class SweepFields(_Strict):
     cta_group: list[PositiveInt] | None = Field(default=None, min_length=1)
     block_scale: list[BlockScaleModel] | None = Field(default=None, min_length=1)
     schedule: list[Schedule] | None = Field(default=None, min_length=1)
+    swap_ab: list[bool] | None = Field(default=None, min_length=1)
     raster: list[Raster] | None = Field(default=None, min_length=1)
     swizzle: list[PositiveInt] | None = Field(default=None, min_length=1)
     stages: list[Stages] | None = Field(default=None, min_length=1)
@@ -251,6 +253,7 @@ def _make_config(pipeline: str, fields: dict[str, tuple[object, YamlPath]]) -> K
         tile=Tile(*tile),
         cluster=Cluster(*cluster),
         schedule=get("schedule", Schedule.COOPERATIVE),
+        swap_ab=get("swap_ab", False),
         raster=get("raster", Raster.M),
         swizzle=get("swizzle", 1),
         stages=None if stages in (None, "auto") else stages,

@@ -55,6 +55,11 @@ class Layout:
     b_k_major: bool
 
     @property
+    def swapped(self) -> "Layout":
+        """The layout of the swapped product B^T A^T: its A is this B and its B this A."""
+        return Layout(a_k_major=self.b_k_major, b_k_major=self.a_k_major)
+
+    @property
     def code(self) -> str:
         return ("t" if self.a_k_major else "n") + ("n" if self.b_k_major else "t")
 
@@ -108,3 +113,19 @@ class KernelConfig:
     stages: int | None = None  # None: the largest count that fits shared memory
     cta_group: int = 1  # CTAs per MMA instruction: 2 pairs CTAs along M (tcgen05 only)
     block_scale: BlockScale | None = None  # None: dense operands
+    # True: the kernel computes C^T = B^T A^T, so the MMA's M runs along the
+    # problem's N and a skinny M (a decode batch) fills the MMA's N instead of
+    # padding its 64-row M. tile, cluster and stages are in the MMA's terms;
+    # dtypes, layout and the kernel's arguments stay the problem's.
+    swap_ab: bool = False
+
+    @property
+    def mma_dtypes(self) -> DTypes:
+        """The types of the MMA's own A and B operands (the problem's B and A when swapped)."""
+        d = self.dtypes
+        return DTypes(d.b, d.a, d.acc, d.c) if self.swap_ab else d
+
+    @property
+    def mma_layout(self) -> Layout:
+        """The majorness of the MMA's own A and B operands."""
+        return self.layout.swapped if self.swap_ab else self.layout

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 # Major: a change a reader of the previous major cannot ignore (a field removed,
 # renamed or given a new meaning). Minor: fields added that old readers skip.
-MANIFEST_SCHEMA_VERSION = "1.0"
+MANIFEST_SCHEMA_VERSION = "1.1"
 
 
 def runtime_requirement(runtime_version: str) -> str:
@@ -99,6 +99,7 @@ def _kernel(index: int, r: KernelRecord) -> dict:
         "block_scale": None if cfg.block_scale is None else {"scale": cfg.block_scale.scale.value,
                                                              "block": cfg.block_scale.block},
         "schedule": cfg.schedule.value,
+        "swap_ab": cfg.swap_ab,
         "raster": cfg.raster.value,
         "swizzle": cfg.swizzle,
         "stages": plan.stages,

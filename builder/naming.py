@@ -3,7 +3,7 @@
     gemm_<pipeline>_<a>_<b>_<acc>_<c>_<layout>_<M>x<N>x<K>_c<CM>x<CN>[_<option>...]
 
 Options appear only when they differ from their default, in this fixed order:
-``pingpong`` (schedule), ``2cta`` (CTA pair per MMA), ``sf<scale>x<block>``
+``pingpong`` (schedule), ``swapab`` (C^T = B^T A^T), ``2cta`` (CTA pair per MMA), ``sf<scale>x<block>``
 (block-scaled operands, e.g. ``sfe4m3x16``), ``rn`` (raster along N),
 ``sw<S>`` (swizzle), ``s<S>`` (explicit stage count). Examples:
 ``gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1``,
@@ -42,6 +42,8 @@ def format_kernel_id(config: KernelConfig) -> str:
     ]
     if config.schedule is not Schedule.COOPERATIVE:
         parts.append(config.schedule.value)
+    if config.swap_ab:
+        parts.append("swapab")
     if config.cta_group != 1:
         parts.append(f"{config.cta_group}cta")
     if config.block_scale is not None:
@@ -63,11 +65,13 @@ def parse_kernel_id(kernel_id: str) -> KernelConfig:
             "gemm_<pipeline>_<a>_<b>_<acc>_<c>_<layout>_<M>x<N>x<K>_c<CM>x<CN>[_options]")
     g = match.groupdict()
     schedule, raster, swizzle, stages = Schedule.COOPERATIVE, Raster.M, 1, None
-    cta_group, block_scale = 1, None
+    cta_group, block_scale, swap_ab = 1, None, False
     for token in filter(None, g["options"].split("_")):
         scale = _SCALE_RE.fullmatch(token)
         if token == Schedule.PINGPONG.value:
             schedule = Schedule.PINGPONG
+        elif token == "swapab":
+            swap_ab = True
         elif re.fullmatch(r"\d+cta", token):
             cta_group = int(token[:-3])
         elif scale:
@@ -80,7 +84,7 @@ def parse_kernel_id(kernel_id: str) -> KernelConfig:
             stages = int(token[1:])
         else:
             raise KernelIdError(f"{kernel_id!r}: unknown option {token!r}; "
-                                "known: pingpong, <G>cta, sf<scale>x<block>, rn, sw<S>, s<S>")
+                                "known: pingpong, swapab, <G>cta, sf<scale>x<block>, rn, sw<S>, s<S>")
     config = KernelConfig(
         pipeline=g["pipeline"],
         dtypes=DTypes(DType(g["a"]), DType(g["b"]), DType(g["acc"]), DType(g["c"])),
@@ -88,7 +92,7 @@ def parse_kernel_id(kernel_id: str) -> KernelConfig:
         tile=Tile(int(g["tm"]), int(g["tn"]), int(g["tk"])),
         cluster=Cluster(int(g["cm"]), int(g["cn"])),
         schedule=schedule, raster=raster, swizzle=swizzle, stages=stages,
-        cta_group=cta_group, block_scale=block_scale,
+        cta_group=cta_group, block_scale=block_scale, swap_ab=swap_ab,
     )
     canonical = format_kernel_id(config)
     if canonical != kernel_id:

@@ -86,6 +86,7 @@ def template_context(ctx: KernelContext) -> dict[str, object]:
         "wg_threads": plan.threads // (1 + plan.consumer_wgs),
         "wg_tile_m": plan.wg_tile_m,
         "pingpong": ctx.entry.config.schedule is Schedule.PINGPONG,
+        "swap_ab": ctx.entry.config.swap_ab,
         "producer_regs": plan.producer_regs,
         "consumer_regs": plan.consumer_regs,
     }

@@ -40,6 +40,7 @@ class Supports(_Strict):
     block_scales: list[BlockScaleModel] = Field(default=[], description="block-scaled operand formats implemented")
     b_rows_multiple: PositiveInt | None = Field(
         default=None, description="B rows one CTA loads (tile N / cta_group) must be a multiple of this")
+    swap_ab: bool = Field(default=False, description="builds swap_ab kernels (C^T = B^T A^T, C stored M-major)")
 
 
 class Sm90Parameters(_Strict):
@@ -50,8 +51,8 @@ class Sm90Parameters(_Strict):
     static_smem_bytes: int
     max_stages: int
     max_consumer_warpgroups: int
-    pingpong_row_blocks: PositiveInt = Field(
-        description="warpgroup-MMA row blocks in a ping-pong tile (its epilogue walks one block)")
+    max_pingpong_row_blocks: PositiveInt = Field(
+        description="most warpgroup-MMA row blocks in a ping-pong tile (its epilogue walks one block at a time)")
 
 
 class Tcgen05Parameters(_Strict):
@@ -99,6 +100,8 @@ class Template:
         if config.schedule not in s.schedules:
             return "schedule", (f"schedule {config.schedule.value} is not implemented "
                                 f"(offered: {', '.join(x.value for x in s.schedules)})")
+        if config.swap_ab and not s.swap_ab:
+            return "swap_ab", "swap_ab kernels (C^T = B^T A^T) are not implemented"
         if config.cta_group not in s.cta_groups:
             return "cta_group", (f"cta_group {config.cta_group} is not implemented "
                                  f"(offered: {', '.join(map(str, s.cta_groups))})")

@@ -41,8 +41,8 @@ class KernelInfo:
     dtypes: tuple[str, str, str, str]  # a, b, acc, c
     a_major: str  # "k" or "m"
     b_major: str  # "k" or "n"
-    tile: tuple[int, int, int]
-    cluster: tuple[int, int]
+    tile: tuple[int, int, int]  # the MMA's M x N x K: along the problem's N x M x K when swap_ab
+    cluster: tuple[int, int]  # in the MMA's terms, like tile
     schedule: str
     stages: int
     contract: Contract
@@ -52,7 +52,7 @@ class KernelInfo:
     verification: str
     threads: int  # per CTA, as the kernel launches
     dynamic_smem_bytes: int  # per CTA, as the kernel launches
-
+    swap_ab: bool = False  # the kernel computes C^T = B^T A^T (its arguments stay the problem's)
 
     @property
     def cluster_size(self) -> int:
@@ -177,6 +177,8 @@ def _parse(data: dict) -> Manifest:
             cubin_bytes=int(k["cubin"]["bytes"]), verification=k["verification"],
             threads=int(k["threads"]),
             dynamic_smem_bytes=int(k["resources"]["smem_bytes"]) - int(k["resources"]["static_smem_bytes"]),
+            # Schema 1.1; a 1.0 manifest has no swapped kernels.
+            swap_ab=bool(k.get("swap_ab", False)),
         ))
     files = data["files"]
     for relative in files:

@@ -127,7 +127,9 @@ def estimate(kernel: KernelInfo, problem: GemmProblem, resident: int) -> float:
     """Relative run time of ``kernel`` on ``problem`` when ``resident`` of its clusters run at once."""
     tm, tn, _ = kernel.tile
     cm, cn = kernel.cluster
-    cluster_tiles = math.ceil(math.ceil(problem.m / tm) / cm) * math.ceil(math.ceil(problem.n / tn) / cn)
+    # A swapped kernel's tile M runs along the problem's N.
+    m, n = (problem.n, problem.m) if kernel.swap_ab else (problem.m, problem.n)
+    cluster_tiles = math.ceil(math.ceil(m / tm) / cm) * math.ceil(math.ceil(n / tn) / cn)
     items = cluster_tiles * problem.batch
     waves = math.ceil(items / resident)
     intensity = tm * tn / (tm + tn)

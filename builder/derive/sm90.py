@@ -43,7 +43,7 @@ def sm90_smem(config: KernelConfig, facts: PipelineFacts, template: Template, st
               epi_m: int, epi_n: int) -> SmemUse:
     p = template.manifest.parameters
     align = facts.require("smem_buffer_alignment")
-    d, t = config.dtypes, config.tile
+    d, t = config.mma_dtypes, config.tile
     # Ping-pong adds one mbarrier per consumer (they order the mainloops) and
     # gives each consumer its own epilogue buffers.
     pingpong_consumers = p.max_consumer_warpgroups if config.schedule is Schedule.PINGPONG else 0

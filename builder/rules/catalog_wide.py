@@ -1,7 +1,8 @@
 """Rules over the whole catalog: duplicate ids and kernels the runtime can never pick.
 
 The runtime (``tilekiln/select.py``) tells kernels apart by pipeline, dtypes,
-operand majorness, contract, CTA tile M x N and cluster; among kernels equal
+operand majorness, contract, CTA tile M x N, cluster and whether A and B are
+swapped; among kernels equal
 in all of these its model estimates the same time and the smallest id wins,
 so the others run only if a tuning table names them: those a committed
 table (``catalog/tuning/``) names are not reported.
@@ -29,7 +30,7 @@ def selection_key(ctx: KernelContext) -> tuple:
     """What the runtime's selection sees of a kernel (besides its id)."""
     cfg = ctx.entry.config
     return (cfg.pipeline, ctx.entry.targets, cfg.dtypes, cfg.layout, cfg.tile.m, cfg.tile.n, cfg.cluster,
-            ctx.plan.stride_divisibility, ctx.plan.base_alignment)
+            cfg.swap_ab, ctx.plan.stride_divisibility, ctx.plan.base_alignment)
 
 
 def build_key(ctx: KernelContext) -> tuple:

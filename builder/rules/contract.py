@@ -17,11 +17,12 @@ def _rows(ctx: KernelContext) -> list[tuple[str, int, int]]:
     loads), so tile extents are not bounded by the 256-element box limit.
     """
     cfg, plan = ctx.entry.config, ctx.plan
-    t, d, lay = cfg.tile, cfg.dtypes, cfg.layout
+    t, d, lay = cfg.tile, cfg.mma_dtypes, cfg.mma_layout
     b_n = t.n // cfg.cta_group if isinstance(plan, Tcgen05Plan) else t.n
     rows = [("A", t.k if lay.a_k_major else t.m, d.a.bits), ("B", t.k if lay.b_k_major else b_n, d.b.bits)]
     if plan.epi_n:
-        rows.append(("C", plan.epi_n, d.c.bits))
+        # A swapped kernel stores C^T, whose contiguous dimension is the MMA's M.
+        rows.append(("C", plan.epi_m if cfg.swap_ab else plan.epi_n, d.c.bits))
     return rows
 
 

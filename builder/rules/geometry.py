@@ -34,11 +34,12 @@ def check_tile_m(ctx: KernelContext) -> Iterator[Diagnostic]:
         if tm % mma_m:
             yield ctx.diag("MMA-TILE-M", "tile", f"tile M {tm} is not a multiple of the {mma_m}-row warpgroup MMA",
                            f"use {max(mma_m, tm // mma_m * mma_m)} or {(tm // mma_m + 1) * mma_m}", mma_m=mma_m)
-        elif cfg.schedule is Schedule.PINGPONG and ctx.template is not None and tm != (
-                rows := mma_m * ctx.template.manifest.parameters.pingpong_row_blocks):
-            yield ctx.diag("MMA-TILE-M", "tile", f"tile M {tm} is not the {rows} rows a ping-pong consumer of "
-                           f"{ctx.template.path.name} computes", f"use tile M {rows}, or schedule cooperative",
-                           pingpong_tile_m=rows)
+        elif cfg.schedule is Schedule.PINGPONG and ctx.template is not None and tm > (
+                rows := mma_m * ctx.template.manifest.parameters.max_pingpong_row_blocks):
+            yield ctx.diag("MMA-TILE-M", "tile", f"tile M {tm} is more than the {rows} rows a ping-pong consumer "
+                           f"of {ctx.template.path.name} computes",
+                           f"use tile M {' or '.join(str(mma_m * b) for b in range(1, rows // mma_m + 1))}, "
+                           "or schedule cooperative", max_pingpong_tile_m=rows)
         elif ctx.plan.wg_tile_m % mma_m:
             yield ctx.diag("MMA-TILE-M", "tile", f"tile M {tm} splits into {ctx.plan.wg_tile_m} rows per consumer "
                            f"warpgroup, not a multiple of {mma_m}",

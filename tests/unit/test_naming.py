@@ -25,12 +25,24 @@ configs = st.builds(
     stages=st.one_of(st.none(), st.integers(1, 16)),
     cta_group=st.integers(1, 4),
     block_scale=st.one_of(st.none(), st.builds(BlockScale, st.sampled_from(DType), st.integers(1, 64))),
+    swap_ab=st.booleans(),
 )
 
 
 @given(configs)
 def test_parse_inverts_format(config):
     assert parse_kernel_id(format_kernel_id(config)) == config
+
+
+def test_swapped_kernels_are_named_after_the_mma_tile():
+    config = parse_kernel_id("gemm_sm90_bf16_bf16_f32_bf16_tn_64x16x128_c2x1_swapab")
+    assert config.swap_ab and config.tile == Tile(64, 16, 128) and config.cluster == Cluster(2, 1)
+    mixed = dataclasses.replace(config, dtypes=DTypes(DType.E4M3, DType.E5M2, DType.F32, DType.BF16),
+                                layout=Layout(a_k_major=False, b_k_major=True))
+    # The MMA's A is the problem's B: its type and majorness.
+    assert mixed.mma_dtypes.a is DType.E5M2 and mixed.mma_dtypes.b is DType.E4M3
+    assert mixed.mma_layout == Layout(a_k_major=True, b_k_major=False)
+    assert dataclasses.replace(mixed, swap_ab=False).mma_layout == mixed.layout
 
 
 def test_tcgen05_options_parse():
@@ -57,6 +69,7 @@ PERTURBATIONS = {
     "stages": 3,
     "cta_group": 2,
     "block_scale": BlockScale(DType.E4M3, 16),
+    "swap_ab": True,
 }
 
 

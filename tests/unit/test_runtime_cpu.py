@@ -29,10 +29,11 @@ def op(name, shape, strides=None, dtype="bf16", ptr=0x10000, device=0):
     return Operand(name, tuple(shape), tuple(strides), dtype, ptr, device, None)
 
 
-def kernel(index, tile, cluster=(1, 1), a="k", b="k", dtype="bf16", div=8):
+def kernel(index, tile, cluster=(1, 1), a="k", b="k", dtype="bf16", div=8, swap_ab=False):
     return KernelInfo(index, f"k{index}_{a}{b}_{tile[0]}x{tile[1]}_c{cluster[0]}x{cluster[1]}",
                       (dtype, dtype, "f32", dtype), a, b, tile, cluster, "cooperative", 4,
-                      Contract(16, (div, div, div), 2**31 - 1), 168, 200000, 24000, "compile-verified", 384, 199000)
+                      Contract(16, (div, div, div), 2**31 - 1), 168, 200000, 24000, "compile-verified", 384, 199000,
+                      swap_ab)
 
 
 # -- problem mapping ----------------------------------------------------------------------------
@@ -143,6 +144,18 @@ def test_the_model_counts_the_clusters_the_device_holds():
     short = choose(KERNELS, p, 132, {}, resident=lambda k: 40 if k.cluster_size > 1 else 132)
     assert short.kernel.id == KERNELS[0].id
     assert nominal_clusters(KERNELS[1], 132) == 66 and nominal_clusters(KERNELS[1], 1) == 1
+
+
+def test_a_swapped_kernel_is_priced_on_the_transposed_problem():
+    # The tile and cluster are the MMA's: a swapped kernel prices (m, n) as the plain one (n, m).
+    swapped = kernel(7, (64, 16, 64), (2, 1), swap_ab=True)
+    plain = kernel(8, (64, 16, 64), (2, 1))
+    for m, n, k in ((16, 8192, 8192), (8192, 16, 8192), (130, 1000, 64)):
+        assert estimate(swapped, tn(m, n, k), 66) == estimate(plain, tn(n, m, k), 66)
+    # M = 16: 128 tiles of 64 columns of N, where unswapped 64-row tiles would pad M fourfold.
+    choice = choose(KERNELS + (swapped,), tn(16, 8192, 8192), sm_count=132, tuning={})
+    assert choice.kernel is swapped
+    assert choose(KERNELS + (swapped,), tn(4096, 4096, 4096), sm_count=132, tuning={}).kernel is not swapped
 
 
 def test_bucket_ceilings_step_by_half_octaves():
