@@ -32,6 +32,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from tilekiln.manifest import MANIFEST_NAME, manifest_digest
 
@@ -102,6 +103,19 @@ def operand_sets(m: int, n: int, k: int, dtype, out_dtype) -> list[tuple]:
     return sets
 
 
+def measure_candidates(labels: list[str], probe: Callable[[str], float],
+                       measure: Callable[[str], float]) -> dict[str, float]:
+    """``measure(label)`` for each label in order, each after ``probe(label)`` (a warm-up and a
+    few launches); a label whose probe exceeds ``CUT`` times the fastest measurement so far is
+    not measured and is left out of the result."""
+    timings: dict[str, float] = {}
+    for label in labels:
+        if probe(label) > CUT * min(timings.values(), default=math.inf):
+            continue
+        timings[label] = measure(label)
+    return timings
+
+
 def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, iters: int) -> dict[str, dict]:
     import torch
 
@@ -121,25 +135,28 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
         problem = make_problem(describe(sets[0][0], "a"), describe(sets[0][1], "b"), None,
                                "bf16" if fp8 else None)
         bucket = shape_bucket(problem, layout_code(problem))
-        timings = {}
         # Every accepted choice, split-K ones included, by the label a pin and the table use;
         # the model's favourites first, so the cut below soon has a fast reference.
         accepted = sorted((c for c in bundle.choose(problem, allow_split=True).candidates if c.accepted),
                           key=lambda c: (c.estimate, c.label))
-        for label in (c.label for c in accepted):
 
-            def run(i, kid=label):
+        def runner(kid):
+            def run(i):
                 a, b, c = sets[i % len(sets)]
                 if fp8:
                     bundle.scaled_gemm(a, b, *scales, out=c, kernel=kid)
                 else:
                     bundle.gemm(a, b, c, kernel=kid)
+            return run
 
-            for i in range(3):
+        def probe(kid):
+            run = runner(kid)
+            for i in range(3):  # warm-up
                 run(i)
-            if timings and median_event_ms(run, 3) > CUT * min(timings.values()):
-                continue
-            timings[label] = median_event_ms(run, iters)
+            return median_event_ms(run, 3)
+
+        timings = measure_candidates([c.label for c in accepted], probe,
+                                     lambda kid: median_event_ms(runner(kid), iters))
         if not timings:
             continue
         best = min(timings, key=timings.get)

@@ -291,3 +291,25 @@ def test_tuning_runs_combine_by_relative_time_and_merge_without_a_gpu(tmp_path):
     files[1].write_text(_json.dumps({"device": "NVIDIA H200", "measurements": {"b1": {"candidates": {}}}}))
     with pytest.raises(SystemExit, match=r"run1\.json: not a tuning file .*b1"):
         tune.main([str(bundle), "--merge", *map(str, files)])
+
+
+
+def test_tuning_skips_candidates_whose_probe_is_far_slower_than_the_best_so_far():
+    from tilekiln import tune
+
+    cut = tune.CUT
+    # b: over CUT x a; c: new best; d: slower than c but within the cut; e: just over CUT x c.
+    true_ms = {"a": 10.0, "b": 10.0 * cut * 1.2, "c": 8.0, "d": 8.0 * cut * 0.9, "e": 8.0 * cut * 1.05}
+    probed, measured = [], []
+
+    def probe(label):
+        probed.append(label)
+        return true_ms[label]
+
+    def measure(label):
+        measured.append(label)
+        return true_ms[label]
+
+    timings = tune.measure_candidates(list(true_ms), probe, measure)
+    assert probed == ["a", "b", "c", "d", "e"] and measured == ["a", "c", "d"]
+    assert timings == {"a": 10.0, "c": 8.0, "d": true_ms["d"]}
