@@ -44,6 +44,9 @@ L2_BYTES = 60 * 2**20
 # one took about 60: the 64x16 swap_ab kernels, timed at every large shape,
 # run there at a fifth of the best kernel's rate or less.
 CUT = 2.0
+# Candidate times are kept in ms to 10 ns: at 0.1 us, every kernel of a 30 us
+# bf16 2048^3 tune read 30.0 or 30.1, too coarse to rank them.
+TIME_DECIMALS = 5
 
 # LLM-style problems: token counts from decode to large prefill against the
 # projection and MLP matrices of 4k- and 8k-hidden models, plus squares.
@@ -167,7 +170,7 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
         if entry is None or flops >= entry["flops"]:
             table[bucket] = {"kernel": best, "flops": flops, "shape": [m, n, k],
                              "tflops": round(flops / timings[best] / 1e9, 1),
-                             "candidates": {kid: round(t, 4) for kid, t in sorted(timings.items())}}
+                             "candidates": {kid: round(t, TIME_DECIMALS) for kid, t in sorted(timings.items())}}
         print(f"{m:6d}x{n:6d}x{k:6d} {bucket:32s} {best} {flops / timings[best] / 1e9:7.1f} TFLOP/s", flush=True)
         sets = None  # free the operands before the next shape
     return table
@@ -193,7 +196,7 @@ def combine(runs: list[dict[str, dict]]) -> dict[str, dict]:
             continue
         fastest = [min(e["candidates"][c] for c in common) for e in entries]
         score = {c: _geomean([e["candidates"][c] / f for e, f in zip(entries, fastest)]) for c in common}
-        times = {c: round(_geomean([e["candidates"][c] for e in entries]), 4) for c in sorted(common)}
+        times = {c: round(_geomean([e["candidates"][c] for e in entries]), TIME_DECIMALS) for c in sorted(common)}
         best = min(sorted(common), key=score.get)
         first = entries[0]
         table[bucket] = {"kernel": best, "flops": first["flops"], "shape": first["shape"],

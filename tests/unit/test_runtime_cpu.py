@@ -267,7 +267,7 @@ def test_tuning_runs_combine_by_relative_time_and_merge_without_a_gpu(tmp_path):
     run2 = {"b1": entry(x=1.20, y=1.02, w=0.5)}  # w: measured in one run only, not comparable
     table = tune.combine([run1, run2])
     assert table["b1"]["kernel"] == "y" and set(table["b1"]["candidates"]) == {"x", "y"}
-    assert table["b1"]["runs"] == 2 and table["b1"]["candidates"]["x"] == round((1.0 * 1.2) ** 0.5, 4)
+    assert table["b1"]["runs"] == 2 and table["b1"]["candidates"]["x"] == round((1.0 * 1.2) ** 0.5, tune.TIME_DECIMALS)
     assert table["only1"]["kernel"] == "x" and table["only1"]["runs"] == 1
 
     bundle = tmp_path / "bundle"
