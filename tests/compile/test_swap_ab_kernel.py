@@ -7,6 +7,7 @@ import json
 import pytest
 
 from builder.validate import Project, validate_project
+from tilekiln.manifest import parse_manifest, read_manifest
 from tests.compile.conftest import make_project, run_build
 
 pytestmark = pytest.mark.compile
@@ -51,3 +52,10 @@ def test_swapped_kernels_compile_with_the_problems_arguments(tmp_path):
     # The kernel takes the problem's tensors and swaps them itself.
     source = (bundle / bf16["source"]["file"]).read_text()
     assert "SWAP_AB = True" in source and "C_LAYOUT = LayoutEnum.COL_MAJOR if SWAP_AB" in source
+    # The runtime reads the flag back (it prices swapped kernels on the transposed problem);
+    # a schema 1.0 entry, which has no such key, is an unswapped kernel.
+    assert all(k.swap_ab for k in read_manifest(bundle).kernels)
+    for k in manifest["kernels"]:
+        del k["swap_ab"]
+    manifest["schema_version"] = "1.0"
+    assert not any(k.swap_ab for k in parse_manifest(json.dumps(manifest).encode(), "old", verify=False).kernels)
