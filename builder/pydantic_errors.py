@@ -33,14 +33,19 @@ def diagnostics_from_validation(exc: ValidationError, doc: YamlDocument, rule_pr
     for err in exc.errors(include_url=False):
         path = _data_path(err["loc"], doc.data)
         kind = err["type"]
-        message = err["msg"]
-        if kind == "extra_forbidden":
+        message, hint = err["msg"], _HINTS.get(kind, "")
+        if kind == "value_error":
+            # A model's own check raises ValueError("what is wrong; how to fix it").
+            message, _, hint = str(err["ctx"]["error"]).partition("; ")
+            if not isinstance(err.get("input"), (dict, list)):
+                message = f"{message} (got {err.get('input')!r})"
+        elif kind == "extra_forbidden":
             message = f"unknown key {path[-1]!r}"
         elif kind == "missing":
             message = f"missing required key {path[-1]!r}"
         elif "input" in err and kind not in ("missing",):
             message = f"{message} (got {err['input']!r})"
-        out.append(Diagnostic(f"{rule_prefix}", message, doc.locate(path), _HINTS.get(kind, "")))
+        out.append(Diagnostic(f"{rule_prefix}", message, doc.locate(path), hint))
     return out
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from builder.catalog import BlockScaleModel, DTypesModel, LayoutCode
 from builder.config import KernelConfig, Schedule
@@ -45,14 +45,26 @@ class Supports(_Strict):
 
 class Sm90Parameters(_Strict):
     kind: Literal["wgmma"]
-    producer_registers: int
+    producer_registers: dict[PositiveInt, PositiveInt] = Field(
+        description="the producer warpgroup's registers, per consumer warpgroup count; the consumers share the rest")
     epilogue_stages: int
     epilogue_tile_n: int
     static_smem_bytes: int
     max_stages: int
-    max_consumer_warpgroups: int
+    max_consumer_warpgroups: PositiveInt = Field(
+        description="most cooperative consumer warpgroups; a tile gets as many as split its MMA row blocks evenly")
+    pingpong_consumer_warpgroups: PositiveInt = Field(description="consumer warpgroups of a ping-pong kernel")
     max_pingpong_row_blocks: PositiveInt = Field(
         description="most warpgroup-MMA row blocks in a ping-pong tile (its epilogue walks one block at a time)")
+
+    @model_validator(mode="after")
+    def _every_consumer_count_has_a_split(self) -> Sm90Parameters:
+        counts = set(range(1, self.max_consumer_warpgroups + 1)) | {self.pingpong_consumer_warpgroups}
+        missing = sorted(counts - set(self.producer_registers))
+        if missing:
+            raise ValueError(f"producer_registers has no entry for {', '.join(map(str, missing))} consumer "
+                             f"warpgroup(s); add one per count up to max_consumer_warpgroups")
+        return self
 
 
 class Tcgen05Parameters(_Strict):

@@ -46,7 +46,7 @@ def sm90_smem(config: KernelConfig, facts: PipelineFacts, template: Template, st
     d, t = config.mma_dtypes, config.tile
     # Ping-pong adds one mbarrier per consumer (they order the mainloops) and
     # gives each consumer its own epilogue buffers.
-    pingpong_consumers = p.max_consumer_warpgroups if config.schedule is Schedule.PINGPONG else 0
+    pingpong_consumers = p.pingpong_consumer_warpgroups if config.schedule is Schedule.PINGPONG else 0
     barriers = (2 * stages + pingpong_consumers) * facts.require("mbarrier_bytes")
     a = t.m * t.k * d.a.bits // 8 * stages
     b = t.n * t.k * d.b.bits // 8 * stages
@@ -60,10 +60,12 @@ def plan_sm90(config: KernelConfig, facts: PipelineFacts, template: Template) ->
     wg_threads = facts.require("threads_per_warpgroup")
     mma_m = facts.require("mma_m_per_warpgroup")
     if config.schedule is Schedule.PINGPONG:
-        # Two consumers, each on whole tiles of its own.
-        consumer_wgs, tile_wgs = p.max_consumer_warpgroups, 1
+        # Each consumer on whole tiles of its own.
+        consumer_wgs, tile_wgs = p.pingpong_consumer_warpgroups, 1
     else:
-        consumer_wgs = max(1, min(p.max_consumer_warpgroups, config.tile.m // mma_m))
+        # As many consumers as split the tile's 64-row MMA blocks evenly (192 rows: three).
+        blocks = config.tile.m // mma_m
+        consumer_wgs = max([c for c in range(1, p.max_consumer_warpgroups + 1) if blocks % c == 0], default=1)
         tile_wgs = consumer_wgs
     wg_tile_m = config.tile.m // tile_wgs
     epi_m = min(config.tile.m, mma_m * tile_wgs)
@@ -80,7 +82,7 @@ def plan_sm90(config: KernelConfig, facts: PipelineFacts, template: Template) ->
     regs_total = facts.require("registers_per_sm")
     step = facts.require("setmaxnreg").step
     reg_cap = facts.require("max_registers_per_thread") // step * step
-    producer = p.producer_registers
+    producer = p.producer_registers[consumer_wgs]
     consumer = min(reg_cap, (regs_total - producer * wg_threads) // (wg_threads * consumer_wgs) // step * step)
     acc_regs = config.tile.m * config.tile.n * config.dtypes.acc.bits // 32 // (wg_threads * tile_wgs)
 
