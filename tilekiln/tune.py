@@ -5,12 +5,12 @@
 
 Runs on a GPU with torch. For every shape it times each kernel whose contract
 accepts the problem, except those whose first launches are ``CUT`` times slower
-than the best so far (CUDA events around each of many launches queued back to
-back after warm-up, the median, inputs rotated so the L2 is cold for problems
-smaller than it), and records
-the winner under the problem's shape bucket (``select.shape_bucket``: dtype,
-layout and M, N, K and batch rounded up to the next 2^k or 3·2^k). The table is
-written into ``manifest.json`` (``tuning.table``) and the manifest's digest is
+than the fastest one's, in ``ROUNDS`` interleaved rounds (CUDA events around
+each of many launches queued back to back after warm-up, the median, inputs
+rotated so the L2 is cold for problems smaller than it), and records the winner
+under the problem's shape bucket (``select.shape_bucket``: dtype, layout and
+M, N, K and batch rounded up to the next 2^k or 3·2^k). The table is written
+into ``manifest.json`` (``tuning.table``) and the manifest's digest is
 recomputed, atomically; the runtime then prefers the tuned kernel for every
 problem in that bucket whose contract it accepts. ``--table-out`` also writes
 the table as a file: committed as ``catalog/tuning/<bundle>.json``, every
@@ -35,15 +35,23 @@ from pathlib import Path
 from typing import Callable
 
 from tilekiln.manifest import MANIFEST_NAME, manifest_digest
+from tilekiln.splitk import parse_label
 
 L2_BYTES = 60 * 2**20
-# A candidate whose first launches take this many times the fastest full
-# measurement of the shape so far is not measured further (nor recorded):
-# run-to-run spread on the H200 is under 10%, so it cannot win. Without the
-# cut, a bf16 tune of the 89-kernel bundle ran past 150 s where the 68-kernel
-# one took about 60: the 64x16 swap_ab kernels, timed at every large shape,
-# run there at a fifth of the best kernel's rate or less.
+# A candidate whose first launches take this many times the fastest
+# candidate's is not measured further (nor recorded): run-to-run spread on the
+# H200 is under 10%, so it cannot win. Without the cut, a bf16 tune of the
+# 89-kernel bundle ran past 150 s where the 68-kernel one took about 60: the
+# 64x16 swap_ab kernels, timed at every large shape, run there at a fifth of
+# the best kernel's rate or less.
 CUT = 2.0
+# Candidates are timed in this many interleaved rounds (bench/gemm.py's four
+# blocks). Timed one after another, the first ones ran on a cooler, faster
+# card: at 2048x8192x8192 bf16 the model's first pick read 803 TFLOP/s in the
+# tune and 680 in the bench, and at 8192^3 two kernels of the same tile
+# differing only in raster swizzle read 1.53 and 1.91 ms
+# (bench/results/h200-2026-12-03-tune192-bf16.json).
+ROUNDS = 4
 # Candidate times are kept in ms to 10 ns: at 0.1 us, every kernel of a 30 us
 # bf16 2048^3 tune read 30.0 or 30.1, too coarse to rank them.
 TIME_DECIMALS = 5
@@ -106,17 +114,25 @@ def operand_sets(m: int, n: int, k: int, dtype, out_dtype) -> list[tuple]:
     return sets
 
 
+def interleaved(labels: list[str], measure: Callable[[str], float], rounds: int) -> dict[str, float]:
+    """Each label's median of ``measure(label)`` over ``rounds`` round-robin rounds, each round
+    starting one label later than the one before, so the card's clock, which falls as it heats
+    against its power cap, weighs on every label alike."""
+    samples: dict[str, list[float]] = {label: [] for label in labels}
+    for r in range(rounds):
+        shift = r % len(labels) if labels else 0
+        for label in labels[shift:] + labels[:shift]:
+            samples[label].append(measure(label))
+    return {label: statistics.median(times) for label, times in samples.items()}
+
+
 def measure_candidates(labels: list[str], probe: Callable[[str], float],
-                       measure: Callable[[str], float]) -> dict[str, float]:
-    """``measure(label)`` for each label in order, each after ``probe(label)`` (a warm-up and a
-    few launches); a label whose probe exceeds ``CUT`` times the fastest measurement so far is
-    not measured and is left out of the result."""
-    timings: dict[str, float] = {}
-    for label in labels:
-        if probe(label) > CUT * min(timings.values(), default=math.inf):
-            continue
-        timings[label] = measure(label)
-    return timings
+                       measure: Callable[[str], float], rounds: int = ROUNDS) -> dict[str, float]:
+    """``interleaved`` times of the labels whose ``probe`` (a warm-up and a few launches) is
+    within ``CUT`` times the fastest probe; the others are left out of the result."""
+    probes = {label: probe(label) for label in labels}
+    fastest = min(probes.values(), default=math.inf)
+    return interleaved([label for label in labels if probes[label] <= CUT * fastest], measure, rounds)
 
 
 def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, iters: int) -> dict[str, dict]:
@@ -138,8 +154,7 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
         problem = make_problem(describe(sets[0][0], "a"), describe(sets[0][1], "b"), None,
                                "bf16" if fp8 else None)
         bucket = shape_bucket(problem, layout_code(problem))
-        # Every accepted choice, split-K ones included, by the label a pin and the table use;
-        # the model's favourites first, so the cut below soon has a fast reference.
+        # Every accepted choice, split-K ones included, by the label a pin and the table use.
         accepted = sorted((c for c in bundle.choose(problem, allow_split=True).candidates if c.accepted),
                           key=lambda c: (c.estimate, c.label))
 
@@ -158,8 +173,9 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
                 run(i)
             return median_event_ms(run, 3)
 
+        per_round = max(1, iters // ROUNDS)
         timings = measure_candidates([c.label for c in accepted], probe,
-                                     lambda kid: median_event_ms(runner(kid), iters))
+                                     lambda kid: median_event_ms(runner(kid), per_round))
         if not timings:
             continue
         best = min(timings, key=timings.get)
@@ -203,6 +219,29 @@ def combine(runs: list[dict[str, dict]]) -> dict[str, dict]:
                          "tflops": round(first["flops"] / times[best] / 1e9, 1), "candidates": times,
                          "runs": len(entries)}
     return table
+
+
+def in_bundle(runs: list[dict[str, dict]], kernel_ids: set[str]) -> list[dict[str, dict]]:
+    """The runs' measurements of only the kernels in ``kernel_ids``: a kernel dropped from the
+    catalog since a run measured it cannot be the table's pick; a bucket left without
+    candidates is left out."""
+    kept = []
+    for run in runs:
+        out = {}
+        for bucket, entry in run.items():
+            candidates = {label: t for label, t in entry["candidates"].items() if parse_label(label)[0] in kernel_ids}
+            if candidates:
+                out[bucket] = dict(entry, candidates=candidates)
+        kept.append(out)
+    return kept
+
+
+def _kernel_ids(bundle_dir: Path) -> set[str]:
+    path = bundle_dir / MANIFEST_NAME
+    try:
+        return {kernel["id"] for kernel in json.loads(path.read_text())["kernels"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"--merge: {path} is not a bundle manifest ({exc})")
 
 
 def _geomean(values: list[float]) -> float:
@@ -263,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
         runs, devices = [m for m, _ in read], {d for _, d in read}
         if len(devices) != 1:
             raise SystemExit(f"--merge: the runs come from different devices ({', '.join(sorted(devices))})")
-        _finish(args, combine(runs), devices.pop())
+        _finish(args, combine(in_bundle(runs, _kernel_ids(args.bundle))), devices.pop())
         return
     import torch
 

@@ -272,7 +272,7 @@ def test_tuning_runs_combine_by_relative_time_and_merge_without_a_gpu(tmp_path):
 
     bundle = tmp_path / "bundle"
     bundle.mkdir()
-    (bundle / MANIFEST_NAME).write_text(_json.dumps({"kernels": []}))
+    (bundle / MANIFEST_NAME).write_text(_json.dumps({"kernels": [{"id": k} for k in "xyzw"]}))
     files = []
     for i, run in enumerate((run1, run2)):
         files.append(tmp_path / f"run{i}.json")
@@ -281,6 +281,15 @@ def test_tuning_runs_combine_by_relative_time_and_merge_without_a_gpu(tmp_path):
     tune.main([str(bundle), "--merge", *map(str, files), "--table-out", str(out)])
     assert _json.loads(out.read_text())["table"] == {"b1": "y", "only1": "x"}
     assert _json.loads((bundle / MANIFEST_NAME).read_text())["tuning"]["table"] == {"b1": "y", "only1": "x"}
+    # y dropped from the bundle since the runs: it cannot be picked, and only1's
+    # bucket, whose one kernel x is still built, stays.
+    (bundle / MANIFEST_NAME).write_text(_json.dumps({"kernels": [{"id": k} for k in "xzw"]}))
+    tune.main([str(bundle), "--merge", *map(str, files), "--table-out", str(out)])
+    assert _json.loads(out.read_text())["table"] == {"b1": "x", "only1": "x"}
+    (bundle / MANIFEST_NAME).write_text("{}")
+    with pytest.raises(SystemExit, match="is not a bundle manifest"):
+        tune.main([str(bundle), "--merge", *map(str, files)])
+    (bundle / MANIFEST_NAME).write_text(_json.dumps({"kernels": [{"id": k} for k in "xyzw"]}))
 
     files[1].write_text(_json.dumps({"device": "NVIDIA H100", "measurements": run2}))
     with pytest.raises(SystemExit, match="different devices"):
@@ -294,12 +303,13 @@ def test_tuning_runs_combine_by_relative_time_and_merge_without_a_gpu(tmp_path):
 
 
 
-def test_tuning_skips_candidates_whose_probe_is_far_slower_than_the_best_so_far():
+def test_tuning_skips_candidates_whose_probe_is_far_slower_than_the_fastest():
     from tilekiln import tune
 
     cut = tune.CUT
-    # b: over CUT x a; c: new best; d: slower than c but within the cut; e: just over CUT x c.
-    true_ms = {"a": 10.0, "b": 10.0 * cut * 1.2, "c": 8.0, "d": 8.0 * cut * 0.9, "e": 8.0 * cut * 1.05}
+    # b: within CUT x a, probed before c but over CUT x c; c: the fastest; d: within
+    # CUT x c; e: just over it.
+    true_ms = {"a": 10.0, "b": 10.0 * 1.9, "c": 8.0, "d": 8.0 * cut * 0.9, "e": 8.0 * cut * 1.05}
     probed, measured = [], []
 
     def probe(label):
@@ -310,6 +320,24 @@ def test_tuning_skips_candidates_whose_probe_is_far_slower_than_the_best_so_far(
         measured.append(label)
         return true_ms[label]
 
-    timings = tune.measure_candidates(list(true_ms), probe, measure)
-    assert probed == ["a", "b", "c", "d", "e"] and measured == ["a", "c", "d"]
-    assert timings == {"a": 10.0, "c": 8.0, "d": true_ms["d"]}
+    timings = tune.measure_candidates(list(true_ms), probe, measure, rounds=3)
+    assert probed == ["a", "b", "c", "d", "e"]
+    assert timings == {label: true_ms[label] for label in "acd"}
+    # Round-robin, each round starting one candidate later.
+    assert measured == list("acd" "cda" "dac")
+
+
+def test_tuning_is_not_fooled_by_a_card_that_slows_as_it_heats():
+    from tilekiln import tune
+
+    # b is 1% faster, but every launch runs 1% slower than the one before: timed
+    # one after the other, a (first) would read faster.
+    true_ms, calls = {"a": 10.0, "b": 9.9}, []
+
+    def measure(label):
+        calls.append(label)
+        return true_ms[label] * (1 + 0.01 * (len(calls) - 1))
+
+    timings = tune.measure_candidates(["a", "b"], true_ms.get, measure, rounds=4)
+    assert min(timings, key=timings.get) == "b"
+    assert calls.count("a") == calls.count("b") == 4
