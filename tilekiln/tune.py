@@ -221,6 +221,30 @@ def combine(runs: list[dict[str, dict]]) -> dict[str, dict]:
     return table
 
 
+def own_measurements(runs: list[dict[str, dict]]) -> tuple[list[dict[str, dict]], int]:
+    """The runs without the entries a run did not measure itself, and how many were left out.
+
+    A ``--table-out`` file holds the bundle's whole tuning field, so besides
+    the buckets its run measured it carries copies: of an earlier run's
+    entries (equal to that run's), or of a merged table's (which have
+    ``runs``). Counted again, a copy weighs one run twice or mixes in
+    measurements of another bundle; each is kept once, merged ones never.
+    """
+    seen: set[tuple[str, str]] = set()
+    kept, dropped = [], 0
+    for run in runs:
+        out = {}
+        for bucket, entry in run.items():
+            key = (bucket, json.dumps(entry["candidates"], sort_keys=True))
+            if "runs" in entry or key in seen:
+                dropped += 1
+                continue
+            seen.add(key)
+            out[bucket] = entry
+        kept.append(out)
+    return kept, dropped
+
+
 def in_bundle(runs: list[dict[str, dict]], kernel_ids: set[str]) -> list[dict[str, dict]]:
     """The runs' measurements of only the kernels in ``kernel_ids``: a kernel dropped from the
     catalog since a run measured it cannot be the table's pick; a bucket left without
@@ -302,6 +326,10 @@ def main(argv: list[str] | None = None) -> None:
         runs, devices = [m for m, _ in read], {d for _, d in read}
         if len(devices) != 1:
             raise SystemExit(f"--merge: the runs come from different devices ({', '.join(sorted(devices))})")
+        runs, copies = own_measurements(runs)
+        if copies:
+            print(f"--merge: left out {copies} copied or merged entries (each run's own measurements count once)",
+                  file=sys.stderr)
         _finish(args, combine(in_bundle(runs, _kernel_ids(args.bundle))), devices.pop())
         return
     import torch

@@ -290,6 +290,17 @@ def test_tuning_runs_combine_by_relative_time_and_merge_without_a_gpu(tmp_path):
     with pytest.raises(SystemExit, match="is not a bundle manifest"):
         tune.main([str(bundle), "--merge", *map(str, files)])
     (bundle / MANIFEST_NAME).write_text(_json.dumps({"kernels": [{"id": k} for k in "xyzw"]}))
+    # A third file that copies run A's b3 (as --table-out does with what the manifest
+    # held) and carries a merged entry: counted, the copy would turn b3 to x and the
+    # merged entry would add b2.
+    runs3 = {"A": {"b3": entry(x=1.0, y=1.05)}, "B": {"b3": entry(x=1.1, y=1.0)},
+             "C": {"b3": entry(x=1.0, y=1.05), "b2": dict(entry(x=1.0), runs=2)}}
+    for name, run in runs3.items():
+        (tmp_path / f"{name}.json").write_text(_json.dumps({"device": "NVIDIA H200", "measurements": run}))
+    assert tune.combine(list(runs3.values()))["b3"]["kernel"] == "x"
+    tune.main([str(bundle), "--merge", *(str(tmp_path / f"{name}.json") for name in runs3), "--table-out", str(out)])
+    table = _json.loads(out.read_text())["table"]
+    assert table["b3"] == "y" and "b2" not in table
 
     files[1].write_text(_json.dumps({"device": "NVIDIA H100", "measurements": run2}))
     with pytest.raises(SystemExit, match="different devices"):
