@@ -157,8 +157,7 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
                                "bf16" if fp8 else None)
         bucket = shape_bucket(problem, layout_code(problem))
         # Every accepted choice, split-K ones included, by the label a pin and the table use.
-        accepted = sorted((c for c in bundle.choose(problem, allow_split=True).candidates if c.accepted),
-                          key=lambda c: (c.estimate, c.label))
+        labels = [c.label for c in bundle.choose(problem, allow_split=True).candidates if c.accepted]
 
         def runner(kid):
             def run(i):
@@ -176,7 +175,7 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
             return median_event_ms(run, 3)
 
         per_round = max(1, iters // ROUNDS)
-        timings = measure_candidates([c.label for c in accepted], probe,
+        timings = measure_candidates(labels, probe,
                                      lambda kid: median_event_ms(runner(kid), per_round))
         if not timings:
             continue
@@ -223,43 +222,33 @@ def combine(runs: list[dict[str, dict]]) -> dict[str, dict]:
     return table
 
 
-def own_measurements(runs: list[dict[str, dict]]) -> tuple[list[dict[str, dict]], int]:
-    """The runs without the entries a run did not measure itself, and how many were left out.
+def mergeable(runs: list[dict[str, dict]], kernel_ids: set[str]) -> tuple[list[dict[str, dict]], int]:
+    """The runs' own measurements of the kernels in ``kernel_ids``, and how many entries were
+    left out as copies.
 
     A ``--table-out`` file holds the bundle's whole tuning field, so besides
     the buckets its run measured it carries copies: of an earlier run's
     entries (equal to that run's), or of a merged table's (which have
     ``runs``). Counted again, a copy weighs one run twice or mixes in
     measurements of another bundle; each is kept once, merged ones never.
+    A kernel dropped from the catalog since a run measured it cannot be the
+    table's pick; a bucket left without candidates is left out.
     """
     seen: set[tuple[str, str]] = set()
-    kept, dropped = [], 0
+    kept, copies = [], 0
     for run in runs:
         out = {}
         for bucket, entry in run.items():
             key = (bucket, json.dumps(entry["candidates"], sort_keys=True))
             if "runs" in entry or key in seen:
-                dropped += 1
+                copies += 1
                 continue
             seen.add(key)
-            out[bucket] = entry
-        kept.append(out)
-    return kept, dropped
-
-
-def in_bundle(runs: list[dict[str, dict]], kernel_ids: set[str]) -> list[dict[str, dict]]:
-    """The runs' measurements of only the kernels in ``kernel_ids``: a kernel dropped from the
-    catalog since a run measured it cannot be the table's pick; a bucket left without
-    candidates is left out."""
-    kept = []
-    for run in runs:
-        out = {}
-        for bucket, entry in run.items():
             candidates = {label: t for label, t in entry["candidates"].items() if parse_label(label)[0] in kernel_ids}
             if candidates:
                 out[bucket] = dict(entry, candidates=candidates)
         kept.append(out)
-    return kept
+    return kept, copies
 
 
 def _kernel_ids(bundle_dir: Path) -> set[str]:
@@ -328,11 +317,11 @@ def main(argv: list[str] | None = None) -> None:
         runs, devices = [m for m, _ in read], {d for _, d in read}
         if len(devices) != 1:
             raise SystemExit(f"--merge: the runs come from different devices ({', '.join(sorted(devices))})")
-        runs, copies = own_measurements(runs)
+        runs, copies = mergeable(runs, _kernel_ids(args.bundle))
         if copies:
             print(f"--merge: left out {copies} copied or merged entries (each run's own measurements count once)",
                   file=sys.stderr)
-        _finish(args, combine(in_bundle(runs, _kernel_ids(args.bundle))), devices.pop())
+        _finish(args, combine(runs), devices.pop())
         return
     import torch
 
