@@ -22,7 +22,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemm import FP8, SCALE_A, SCALE_B, shape_suite, torch_call  # noqa: E402
+from gemm import FP8, SCALE_A, SCALE_B, shape_suite  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tilekiln.tune import baseline_call  # noqa: E402
 
 
 def kernels_for(m: int, n: int, k: int, dtype) -> list[dict]:
@@ -33,11 +36,11 @@ def kernels_for(m: int, n: int, k: int, dtype) -> list[dict]:
     scales = None
     if dtype == FP8:
         scales = (torch.tensor([SCALE_A], device="cuda"), torch.tensor([SCALE_B], device="cuda"))
-    torch_call(a, b, c, scales)  # cuBLAS picks and caches its algorithm outside the profile
+    baseline_call(a, b, c, scales)  # cuBLAS picks and caches its algorithm outside the profile
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(3):
-            torch_call(a, b, c, scales)
+            baseline_call(a, b, c, scales)
         torch.cuda.synchronize()
     return sorted(({"kernel": e.key, "launches": e.count, "mean_us": round(e.device_time_total / e.count, 1)}
                    for e in prof.key_averages() if e.device_time_total > 0), key=lambda r: -r["mean_us"])

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import tilekiln  # noqa: E402
-from tilekiln.tune import median_event_ms as time_ms, operand_sets  # noqa: E402
+from tilekiln.tune import baseline_call, median_event_ms as time_ms, operand_sets  # noqa: E402
 
 
 
@@ -52,15 +52,6 @@ def tilekiln_call(bundle, a, b, c, scales):
     if scales is None:
         return bundle.gemm(a, b, c)
     return bundle.scaled_gemm(a, b, *scales, out=c)
-
-
-def torch_call(a, b, c, scales):
-    if scales is None:
-        return torch.matmul(a, b, out=c)
-    # fast accumulation on both sides: tilekiln's fp8 kernels accumulate in the
-    # WGMMA's fp32 accumulators without periodic promotion.
-    return torch._scaled_mm(a, b, scale_a=scales[0], scale_b=scales[1], out_dtype=torch.bfloat16,
-                            use_fast_accum=True)
 
 
 def check(bundle, a, b, scales) -> float:
@@ -91,7 +82,7 @@ def run(args) -> dict:
             flops = 2 * m * n * k
             pick = lambda i: sets[i % len(sets)]  # noqa: E731
             tk = lambda i: tilekiln_call(bundle, *pick(i), scales)  # noqa: E731
-            th = lambda i: torch_call(*pick(i), scales)  # noqa: E731
+            th = lambda i: baseline_call(*pick(i), scales)  # noqa: E731
             iters = max(10, min(200, int(2e13 / flops)))
             for fn in (tk, th):
                 for i in range(3):

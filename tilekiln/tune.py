@@ -7,7 +7,9 @@ Runs on a GPU with torch. For every shape it times each kernel whose contract
 accepts the problem, except those whose first launches are ``CUT`` times slower
 than the fastest one's, in ``ROUNDS`` interleaved rounds (CUDA events around
 each of many launches queued back to back after warm-up, the median, inputs
-rotated so the L2 is cold for problems smaller than it), and records the winner
+rotated so the L2 is cold for problems smaller than it), each block of a
+candidate's launches followed by one of the baseline's (cuBLAS through torch,
+``baseline_call``) and scored relative to it, and records the winner
 under the problem's shape bucket (``select.shape_bucket``: dtype, layout and
 M, N, K and batch rounded up to the next 2^k or 3·2^k). The table is written
 into ``manifest.json`` (``tuning.table``) and the manifest's digest is
@@ -31,6 +33,7 @@ import os
 import statistics
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -116,25 +119,61 @@ def operand_sets(m: int, n: int, k: int, dtype, out_dtype) -> list[tuple]:
     return sets
 
 
-def interleaved(labels: list[str], measure: Callable[[str], float], rounds: int) -> dict[str, float]:
-    """Each label's median of ``measure(label)`` over ``rounds`` round-robin rounds, each round
-    starting one label later than the one before, so the card's clock, which falls as it heats
-    against its power cap, weighs on every label alike."""
-    samples: dict[str, list[float]] = {label: [] for label in labels}
+@dataclass(frozen=True)
+class Timings:
+    """Candidate times in ms, each relative to the reference timed right after it and scaled by
+    the reference's median time (``reference_ms``)."""
+
+    candidates: dict[str, float]
+    reference_ms: float
+
+
+def interleaved(labels: list[str], measure: Callable[[str], float], reference: Callable[[], float],
+                rounds: int) -> Timings:
+    """Each label's median, over ``rounds`` round-robin rounds, of ``measure(label)`` divided by
+    the ``reference()`` measured right after it.
+
+    Each round starts one label later than the one before, so the card's clock,
+    which falls as it heats against its power cap, weighs on every label
+    alike, and the reference that follows each measurement cancels what drift
+    is left. It also puts every candidate where bench/gemm.py puts it: after
+    another kernel, not after itself. Timed only against one another, bf16
+    128x16x64 c4x1 swap_ab won 16x8192x8192 in three tunes by 0.6 to 1.7%
+    and then read 0.81 to 0.95 of cuBLAS in all eight bench repeats that ran
+    it, where the runner-up read 0.94 to 1.18 (catalog/gemm/sm90.yaml).
+    """
+    ratios: dict[str, list[float]] = {label: [] for label in labels}
+    references: list[float] = []
     for r in range(rounds):
         shift = r % len(labels) if labels else 0
         for label in labels[shift:] + labels[:shift]:
-            samples[label].append(measure(label))
-    return {label: statistics.median(times) for label, times in samples.items()}
+            measured = measure(label)
+            references.append(reference())
+            ratios[label].append(measured / references[-1])
+    reference_ms = statistics.median(references) if references else math.nan
+    return Timings({label: statistics.median(r) * reference_ms for label, r in ratios.items()}, reference_ms)
 
 
-def measure_candidates(labels: list[str], probe: Callable[[str], float],
-                       measure: Callable[[str], float], rounds: int = ROUNDS) -> dict[str, float]:
+def measure_candidates(labels: list[str], probe: Callable[[str], float], measure: Callable[[str], float],
+                       reference: Callable[[], float], rounds: int = ROUNDS) -> Timings:
     """``interleaved`` times of the labels whose ``probe`` (a warm-up and a few launches) is
     within ``CUT`` times the fastest probe; the others are left out of the result."""
     probes = {label: probe(label) for label in labels}
     fastest = min(probes.values(), default=math.inf)
-    return interleaved([label for label in labels if probes[label] <= CUT * fastest], measure, rounds)
+    return interleaved([label for label in labels if probes[label] <= CUT * fastest], measure, reference, rounds)
+
+
+def baseline_call(a, b, c, scales):
+    """The baseline tilekiln is measured against: cuBLAS through torch.matmul, or
+    torch._scaled_mm with per-tensor ``scales`` and bf16 output for 8-bit floats."""
+    import torch
+
+    if scales is None:
+        return torch.matmul(a, b, out=c)
+    # fast accumulation on both sides: tilekiln's fp8 kernels accumulate in the
+    # WGMMA's fp32 accumulators without periodic promotion.
+    return torch._scaled_mm(a, b, scale_a=scales[0], scale_b=scales[1], out_dtype=torch.bfloat16,
+                            use_fast_accum=True)
 
 
 def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, iters: int) -> dict[str, dict]:
@@ -174,21 +213,29 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
                 run(i)
             return median_event_ms(run, 3)
 
+        def baseline(i):
+            baseline_call(*sets[i % len(sets)], scales)
+
+        for i in range(3):  # warm-up; cuBLAS picks and caches its algorithm here
+            baseline(i)
         per_round = max(1, iters // ROUNDS)
-        timings = measure_candidates(labels, probe,
-                                     lambda kid: median_event_ms(runner(kid), per_round))
-        if not timings:
+        timings = measure_candidates(labels, probe, lambda kid: median_event_ms(runner(kid), per_round),
+                                     lambda: median_event_ms(baseline, per_round))
+        times = timings.candidates
+        if not times:
             continue
-        best = min(timings, key=timings.get)
+        best = min(times, key=times.get)
         flops = 2 * m * n * k
         entry = table.get(bucket)
         # Several shapes may share a bucket; keep the kernel that wins the
         # largest problem there, since it dominates the bucket's run time.
         if entry is None or flops >= entry["flops"]:
             table[bucket] = {"kernel": best, "flops": flops, "shape": [m, n, k],
-                             "tflops": round(flops / timings[best] / 1e9, 1),
-                             "candidates": {kid: round(t, TIME_DECIMALS) for kid, t in sorted(timings.items())}}
-        print(f"{m:6d}x{n:6d}x{k:6d} {bucket:32s} {best} {flops / timings[best] / 1e9:7.1f} TFLOP/s", flush=True)
+                             "tflops": round(flops / times[best] / 1e9, 1),
+                             "baseline_ms": round(timings.reference_ms, TIME_DECIMALS),
+                             "candidates": {kid: round(t, TIME_DECIMALS) for kid, t in sorted(times.items())}}
+        print(f"{m:6d}x{n:6d}x{k:6d} {bucket:32s} {best} {flops / times[best] / 1e9:7.1f} TFLOP/s "
+              f"{timings.reference_ms / times[best]:.3f}x baseline", flush=True)
         sets = None  # free the operands before the next shape
     return table
 
@@ -219,6 +266,8 @@ def combine(runs: list[dict[str, dict]]) -> dict[str, dict]:
         table[bucket] = {"kernel": best, "flops": first["flops"], "shape": first["shape"],
                          "tflops": round(first["flops"] / times[best] / 1e9, 1), "candidates": times,
                          "runs": len(entries)}
+        if all("baseline_ms" in e for e in entries):
+            table[bucket]["baseline_ms"] = round(_geomean([e["baseline_ms"] for e in entries]), TIME_DECIMALS)
     return table
 
 

@@ -269,6 +269,11 @@ def test_tuning_runs_combine_by_relative_time_and_merge_without_a_gpu(tmp_path):
     assert table["b1"]["kernel"] == "y" and set(table["b1"]["candidates"]) == {"x", "y"}
     assert table["b1"]["runs"] == 2 and table["b1"]["candidates"]["x"] == round((1.0 * 1.2) ** 0.5, tune.TIME_DECIMALS)
     assert table["only1"]["kernel"] == "x" and table["only1"]["runs"] == 1
+    # The baseline's time is carried when every run measured it (runs older than
+    # the baseline pairing did not).
+    assert "baseline_ms" not in table["b1"]
+    paired = tune.combine([{"b1": dict(run1["b1"], baseline_ms=2.0)}, {"b1": dict(run2["b1"], baseline_ms=8.0)}])
+    assert paired["b1"]["baseline_ms"] == 4.0
 
     bundle = tmp_path / "bundle"
     bundle.mkdir()
@@ -331,9 +336,9 @@ def test_tuning_skips_candidates_whose_probe_is_far_slower_than_the_fastest():
         measured.append(label)
         return true_ms[label]
 
-    timings = tune.measure_candidates(list(true_ms), probe, measure, rounds=3)
+    timings = tune.measure_candidates(list(true_ms), probe, measure, lambda: 4.0, rounds=3)
     assert probed == ["a", "b", "c", "d", "e"]
-    assert timings == {label: true_ms[label] for label in "acd"}
+    assert timings.candidates == {label: true_ms[label] for label in "acd"} and timings.reference_ms == 4.0
     # Round-robin, each round starting one candidate later.
     assert measured == list("acd" "cda" "dac")
 
@@ -349,6 +354,33 @@ def test_tuning_is_not_fooled_by_a_card_that_slows_as_it_heats():
         calls.append(label)
         return true_ms[label] * (1 + 0.01 * (len(calls) - 1))
 
-    timings = tune.measure_candidates(["a", "b"], true_ms.get, measure, rounds=4)
-    assert min(timings, key=timings.get) == "b"
+    timings = tune.measure_candidates(["a", "b"], true_ms.get, measure, lambda: 5.0, rounds=4)
+    assert min(timings.candidates, key=timings.candidates.get) == "b"
     assert calls.count("a") == calls.count("b") == 4
+
+
+def test_tuning_scores_each_candidate_against_the_baseline_timed_right_after_it():
+    from tilekiln import tune
+
+    # The card's speed jumps between 1x and 1.4x from one measurement to the
+    # next, in a pattern that lands every sample of a on a slow phase (the
+    # rounds time a, b, b, a, a, b, b, a): a's raw median is the slower one
+    # though a is 2% faster. The baseline, timed right after each
+    # sample in the same phase, cancels the jump.
+    true_ms, baseline_ms = {"a": 9.8, "b": 10.0}, 4.0
+    phase = iter([1.4, 1.0, 1.0, 1.4] * 2)
+    current = []
+
+    def measure(label):
+        current.append(next(phase))
+        return true_ms[label] * current[-1]
+
+    def reference():
+        return baseline_ms * current[-1]
+
+    raw = tune.measure_candidates(["a", "b"], true_ms.get, measure, lambda: 1.0, rounds=4).candidates
+    assert min(raw, key=raw.get) == "b"
+    phase = iter([1.4, 1.0, 1.0, 1.4] * 2)
+    timings = tune.measure_candidates(["a", "b"], true_ms.get, measure, reference, rounds=4)
+    assert min(timings.candidates, key=timings.candidates.get) == "a"
+    assert timings.candidates["a"] / timings.candidates["b"] == pytest.approx(0.98)
