@@ -382,10 +382,12 @@ def test_merge_refuses_shards_of_another_catalog(small, tmp_path):
     assert not (tmp_path / "merged" / "sm90a").exists()
 
 
-def test_ray_executor_builds_the_same_bundle(small, tmp_path):
+def test_ray_executor_builds_the_same_bundle(small, tmp_path, monkeypatch):
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'tilekiln[ray]')")
     from builder.parallel import RayExecutor
 
+    # ray.init writes ~/.ray/auth_token; a test keeps out of the user's home.
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         result = run(small.project, tmp_path / "out", tmp_path / "cache", RayExecutor(None))
