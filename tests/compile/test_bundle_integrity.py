@@ -83,3 +83,20 @@ def test_a_bundle_for_another_arch_is_refused_before_loading(bundle_copy, relabe
     assert "holds sm_100a code, which runs only on compute capability 10.0" in message
     assert "cuda:0 is compute capability 9.0 and needs a bundle for sm_90a" in message
     assert not bundle._initialized and not mapped(bundle_copy / LIBRARY)
+
+
+def test_a_retuned_manifest_is_opened_anew(bundle_copy):
+    """``tilekiln.tune`` rewrites the manifest of a bundle this process may already have open;
+    the next ``load`` follows the new table, and an unchanged manifest keeps its Bundle."""
+    from tilekiln.tune import write_table
+
+    before = tilekiln.load(bundle_copy)
+    assert tilekiln.load(bundle_copy) is before
+    kernel = before.manifest.kernels[0].id
+    bucket = "bf16:tn:512x512x512:1"
+    assert dict(before.manifest.tuning).get(bucket) != kernel
+    write_table(bundle_copy, {bucket: {"kernel": kernel, "flops": 2 * 512**3, "shape": [512, 512, 512],
+                                       "candidates": {kernel: 0.01}}}, "test")
+    after = tilekiln.load(bundle_copy)
+    assert after is not before and dict(after.manifest.tuning)[bucket] == kernel
+    assert tilekiln.load(bundle_copy) is after

@@ -24,7 +24,7 @@ def test_tune_writes_a_table_the_runtime_follows(gpu_bundle_dir, tmp_path):
                "--table-out", str(table_out)])
 
     written = json.loads(table_out.read_text())
-    bundle = tilekiln.load(bundle_dir)  # the manifest digest was recomputed
+    bundle = tilekiln.load(bundle_dir)  # opened anew: tune rewrote the manifest
     for shape in ([256, 4096, 4096], [16, 8192, 8192]):
         bucket, entry = next((b, e) for b, e in written["measurements"].items() if e["shape"] == shape)
         times = entry["candidates"]
