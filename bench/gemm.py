@@ -4,7 +4,11 @@ Method (../shared/reference/gpu-method.md): every kernel is checked against a
 float64 reference before it is timed; tilekiln and torch are timed
 interleaved, shape by shape, with CUDA events around each of many launches
 queued back to back after warm-up (GPU time; ``tilekiln.tune.median_event_ms``),
-the median, inputs rotated when a problem is smaller than the L2; the
+the median, inputs rotated when a problem is smaller than the L2. Each timed
+block runs right after ``--settle-ms`` of untimed launches of its own side
+(``tilekiln.tune.steady_ms``): at the H200's power cap a block otherwise runs
+at the clock the other side's power draw left (bench/README.md, "Block
+length"). The
 whole suite runs ``--repeats`` times and the spread is reported, since the
 H200's clocks drift under sustained load.
 
@@ -25,7 +29,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import tilekiln  # noqa: E402
-from tilekiln.tune import baseline_call, median_event_ms as time_ms, operand_sets  # noqa: E402
+from tilekiln.tune import (SETTLE_MS, baseline_call, block_launches, median_event_ms, operand_sets,  # noqa: E402
+                           settle_launches, steady_ms)
 
 
 
@@ -83,15 +88,18 @@ def run(args) -> dict:
             pick = lambda i: sets[i % len(sets)]  # noqa: E731
             tk = lambda i: tilekiln_call(bundle, *pick(i), scales)  # noqa: E731
             th = lambda i: baseline_call(*pick(i), scales)  # noqa: E731
-            iters = max(10, min(200, int(2e13 / flops)))
+            iters = block_launches(flops)
+            settle = {}
             for fn in (tk, th):
                 for i in range(3):
                     fn(i)
-            # Interleave in short blocks so drift hits both sides alike.
+                settle[fn] = settle_launches(median_event_ms(fn, 3), args.settle_ms)
+            # Interleave blocks so drift hits both sides alike; each block runs
+            # after its own side has settled the clock (tilekiln.tune.SETTLE_MS).
             t_tk, t_th = [], []
             for _ in range(4):
-                t_tk.append(time_ms(tk, iters))
-                t_th.append(time_ms(th, iters))
+                t_tk.append(steady_ms(tk, iters, settle[tk]))
+                t_th.append(steady_ms(th, iters, settle[th]))
             rows[(m, n, k)]["tilekiln"].append(flops / statistics.median(t_tk) / 1e9)
             rows[(m, n, k)]["torch"].append(flops / statistics.median(t_th) / 1e9)
             r = rows[(m, n, k)]
@@ -113,7 +121,7 @@ def run(args) -> dict:
                "min_ratio": min(ratios), "shapes": len(results)}
     return {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "bundle": bundle.name, "bundle_version": bundle.version,
-            "repeats": args.repeats, "summary": summary, "results": results}
+            "repeats": args.repeats, "settle_ms": args.settle_ms, "summary": summary, "results": results}
 
 
 def main() -> None:
@@ -122,6 +130,8 @@ def main() -> None:
     p.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "e4m3"])
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="three shapes only")
+    p.add_argument("--settle-ms", type=float, default=SETTLE_MS,
+                   help="untimed launches of the same side before each timed block (0: none)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     report = run(args)

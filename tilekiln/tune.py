@@ -9,7 +9,11 @@ than the fastest one's, in ``ROUNDS`` interleaved rounds (CUDA events around
 each of many launches queued back to back after warm-up, the median, inputs
 rotated so the L2 is cold for problems smaller than it), each block of a
 candidate's launches followed by one of the baseline's (cuBLAS through torch,
-``baseline_call``) and scored relative to it, and records the winner
+``baseline_call``) and scored relative to it. That screen uses short blocks;
+the ``FINALISTS`` it ranks within ``WINDOW`` of its fastest are then timed
+the same way at steady state, each block as long as bench/gemm.py's
+(``block_launches``) and run right after ``--settle-ms`` of untimed launches
+of the same kernel (``steady_ms``), and the fastest of those is recorded
 under the problem's shape bucket (``select.shape_bucket``: dtype, layout and
 M, N, K and batch rounded up to the next 2^k or 3·2^k). The table is written
 into ``manifest.json`` (``tuning.table``) and the manifest's digest is
@@ -57,6 +61,27 @@ CUT = 2.0
 # runs agreed on 51 of 82 buckets, run one's pick 0.55% slower on average in
 # run two (h200-2026-12-03-tune-rounds-bf16-*.json).
 ROUNDS = 4
+# The screen's finalists, those within WINDOW of its fastest and at most
+# FINALISTS of them, are timed again at steady state, in SUSTAINED_ROUNDS
+# rounds. The H200 runs large GEMMs at its 700 W cap, where each kernel gets
+# the SM clock its own power draw leaves: in 150 ms blocks at bf16 8192^3,
+# 128x256 c2x1 sw8 held 1455 MHz and 128x128 c1x2 1260 (cuBLAS 1485). A
+# short block instead runs at the clock the block before left, and a block of
+# about 30 ms (bench/gemm.py's, before it settled) carries one kernel's power
+# draw into the next one's: at 8192x28672x8192 128x128 c1x2 read 1.005 of
+# cuBLAS in 1 ms blocks, 1.074 in 30 ms blocks and 0.852 in 150 ms blocks,
+# 128x256 c2x1 rn sw8 0.991, 0.988 and 0.983
+# (bench/results/block-length-h200-2026-12-03.json). The steady-state winner
+# was within the screen's 8 fastest and 15% of its best at 6 of 7 shapes
+# there, and within 1.5% of the winner at the seventh.
+WINDOW = 1.15
+FINALISTS = 8
+SUSTAINED_ROUNDS = 2
+# Untimed launches of the same kernel before each steady-state block: a 150
+# ms block's median launch already read steady-state clocks (above); the
+# count is capped since the host enqueues about one launch per 7 us.
+SETTLE_MS = 100.0
+SETTLE_MAX_LAUNCHES = 2000
 # Candidate times are kept in ms to 10 ns: at 0.1 us, every kernel of a 30 us
 # bf16 2048^3 tune read 30.0 or 30.1, too coarse to rank them.
 TIME_DECIMALS = 5
@@ -79,6 +104,34 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
             raise SystemExit(f"--shapes: {item!r} is not MxNxK with positive integers")
         shapes.append(tuple(int(p) for p in parts))
     return shapes
+
+
+def block_launches(flops: int) -> int:
+    """Launches per timed block of a problem of ``flops``: about 2e13 flops (30 ms at 660
+    TFLOP/s), 10 to 200 launches; bench/gemm.py's blocks."""
+    return max(10, min(200, int(2e13 / flops)))
+
+
+def settle_launches(launch_ms: float, settle_ms: float) -> int:
+    """Untimed launches that keep the GPU busy for ``settle_ms`` at ``launch_ms`` each."""
+    if settle_ms <= 0:
+        return 0
+    return min(SETTLE_MAX_LAUNCHES, math.ceil(settle_ms / launch_ms))
+
+
+def steady_ms(fn, iters: int, settle: int) -> float:
+    """``median_event_ms(fn, iters)`` right after ``settle`` untimed calls of ``fn`` queued
+    ahead of it, so the timed calls run at the clock ``fn``'s own power draw leaves."""
+    for i in range(settle):
+        fn(i)
+    return median_event_ms(fn, iters)
+
+
+def finalists(times: dict[str, float], window: float = WINDOW, most: int = FINALISTS) -> list[str]:
+    """The labels of ``times`` within ``window`` times the fastest, fastest first, at most ``most``."""
+    best = min(times.values())
+    kept = [label for label, t in times.items() if t <= window * best]
+    return sorted(kept, key=lambda label: (times[label], label))[:most]
 
 
 def median_event_ms(fn, iters: int) -> float:
@@ -176,7 +229,10 @@ def baseline_call(a, b, c, scales):
                             use_fast_accum=True)
 
 
-def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, iters: int) -> dict[str, dict]:
+def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, iters: int,
+         settle_ms: float = SETTLE_MS, record: Callable[[dict[str, dict]], None] | None = None) -> dict[str, dict]:
+    """The table of ``shapes``; ``record`` gets the table so far after every shape, so a run cut
+    short (a tune of 33 large bf16 shapes takes about 5 minutes) keeps what it measured."""
     import torch
 
     import tilekiln
@@ -219,13 +275,19 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
         for i in range(3):  # warm-up; cuBLAS picks and caches its algorithm here
             baseline(i)
         per_round = max(1, iters // ROUNDS)
-        timings = measure_candidates(labels, probe, lambda kid: median_event_ms(runner(kid), per_round),
-                                     lambda: median_event_ms(baseline, per_round))
-        times = timings.candidates
-        if not times:
+        screen = measure_candidates(labels, probe, lambda kid: median_event_ms(runner(kid), per_round),
+                                    lambda: median_event_ms(baseline, per_round))
+        if not screen.candidates:
             continue
-        best = min(times, key=times.get)
         flops = 2 * m * n * k
+        launches = block_launches(flops)
+        base_settle = settle_launches(screen.reference_ms, settle_ms)
+        timings = interleaved(
+            finalists(screen.candidates),
+            lambda kid: steady_ms(runner(kid), launches, settle_launches(screen.candidates[kid], settle_ms)),
+            lambda: steady_ms(baseline, launches, base_settle), SUSTAINED_ROUNDS)
+        times = timings.candidates
+        best = min(times, key=times.get)
         entry = table.get(bucket)
         # Several shapes may share a bucket; keep the kernel that wins the
         # largest problem there, since it dominates the bucket's run time.
@@ -233,10 +295,13 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
             table[bucket] = {"kernel": best, "flops": flops, "shape": [m, n, k],
                              "tflops": round(flops / times[best] / 1e9, 1),
                              "baseline_ms": round(timings.reference_ms, TIME_DECIMALS),
-                             "candidates": {kid: round(t, TIME_DECIMALS) for kid, t in sorted(times.items())}}
+                             "candidates": {kid: round(t, TIME_DECIMALS) for kid, t in sorted(times.items())},
+                             "screen": {kid: round(t, TIME_DECIMALS) for kid, t in sorted(screen.candidates.items())}}
         print(f"{m:6d}x{n:6d}x{k:6d} {bucket:32s} {best} {flops / times[best] / 1e9:7.1f} TFLOP/s "
               f"{timings.reference_ms / times[best]:.3f}x baseline", flush=True)
         sets = None  # free the operands before the next shape
+        if record is not None:
+            record(table)
     return table
 
 
@@ -356,7 +421,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("bundle", type=Path)
     p.add_argument("--shapes", default=None, help="comma-separated MxNxK list (default: an LLM shape grid)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "e4m3"])
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--iters", type=int, default=20, help="launches per candidate in the screen")
+    p.add_argument("--settle-ms", type=float, default=SETTLE_MS,
+                   help="untimed launches of the same kernel before each steady-state block (0: none)")
     p.add_argument("--table-out", type=Path, default=None, help="also write the tuning table to this file")
     p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="RUN.json",
                    help="no measuring: choose from these earlier runs' --table-out files")
@@ -377,14 +444,21 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("tilekiln tune needs a CUDA GPU")
     shapes = parse_shapes(args.shapes) if args.shapes else DEFAULT_SHAPES
-    _finish(args, tune(args.bundle, shapes, args.dtype, args.iters), torch.cuda.get_device_name())
+    device = torch.cuda.get_device_name()
+    table = tune(args.bundle, shapes, args.dtype, args.iters, args.settle_ms,
+                 record=lambda so_far: _write(args, so_far, device))
+    print(f"wrote {len(table)} buckets to {args.bundle / MANIFEST_NAME}", file=sys.stderr)
 
 
 def _finish(args, table: dict[str, dict], device: str) -> None:
+    _write(args, table, device)
+    print(f"wrote {len(table)} buckets to {args.bundle / MANIFEST_NAME}", file=sys.stderr)
+
+
+def _write(args, table: dict[str, dict], device: str) -> None:
     tuning = write_table(args.bundle, table, device)
     if args.table_out is not None:
         _atomic_write(args.table_out, json.dumps(tuning, indent=2, sort_keys=True) + "\n")
-    print(f"wrote {len(table)} buckets to {args.bundle / MANIFEST_NAME}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -384,3 +384,32 @@ def test_tuning_scores_each_candidate_against_the_baseline_timed_right_after_it(
     timings = tune.measure_candidates(["a", "b"], true_ms.get, measure, reference, rounds=4)
     assert min(timings.candidates, key=timings.candidates.get) == "a"
     assert timings.candidates["a"] / timings.candidates["b"] == pytest.approx(0.98)
+
+
+def test_finalists_are_the_screens_fastest_within_the_window():
+    from tilekiln import tune
+
+    times = {"a": 10.0, "b": 10.0 * tune.WINDOW, "c": 10.0 * tune.WINDOW * 1.01, "d": 10.5, "e": 10.2}
+    assert tune.finalists(times) == ["a", "e", "d", "b"]
+    assert tune.finalists(times, most=2) == ["a", "e"]
+    assert tune.finalists({"x": 1.0, "w": 1.0}) == ["w", "x"]  # ties in label order
+
+
+def test_tuning_blocks_are_the_benchs_blocks():
+    from tilekiln import tune
+
+    assert tune.block_launches(2 * 16384 * 28672 * 8192) == 10  # 11 ms a launch: at least 10
+    assert tune.block_launches(2 * 2048 * 8192 * 8192) == 72  # about 2e13 flops a block
+    assert tune.block_launches(2 * 16 * 4096 * 4096) == 200  # at most 200
+
+
+def test_steady_state_blocks_run_after_their_own_settling_launches(monkeypatch):
+    from tilekiln import tune
+
+    assert tune.settle_launches(2.0, 100.0) == 50
+    assert tune.settle_launches(0.001, 100.0) == tune.SETTLE_MAX_LAUNCHES
+    assert tune.settle_launches(2.0, 0.0) == 0
+    calls = []
+    monkeypatch.setattr(tune, "median_event_ms", lambda fn, iters: calls.append(("timed", iters)) or 1.5)
+    assert tune.steady_ms(lambda i: calls.append(("settle", i)), 10, 3) == 1.5
+    assert calls == [("settle", 0), ("settle", 1), ("settle", 2), ("timed", 10)]
