@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import tilekiln  # noqa: E402
-from tilekiln.tune import baseline_call, interleaved, operand_sets, parse_shapes  # noqa: E402
+from tilekiln.tune import baseline_call, interleaved, median_event_ms, operand_sets, parse_shapes  # noqa: E402
 
 PREFIX = "gemm_sm90_bf16_bf16_f32_bf16_tn_"
 SAMPLED_MS = 50.0
@@ -47,25 +47,19 @@ def smi_sample() -> tuple[float, float]:
 
 
 def timed_block(fn, launches: int, expect_ms: float, samples: list) -> float:
-    """Median ms of ``launches`` back-to-back ``fn(i)`` calls, each between its own CUDA events
-    (the first left out, as in ``tune.median_event_ms``); one clock sample if the block is long."""
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(launches + 1)]
-    for i, (start, end) in enumerate(events):
-        start.record()
-        fn(i)
-        end.record()
-    if expect_ms >= SAMPLED_MS:
+    """``tune.median_event_ms`` of ``launches`` calls; one clock sample, 60% into the block,
+    if the block is expected to last ``SAMPLED_MS`` or more."""
+    def sample():
         time.sleep(0.6 * expect_ms / 1000)
         samples.append(smi_sample())
-    events[-1][1].synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in events[1:])
+
+    return median_event_ms(fn, launches, sample if expect_ms >= SAMPLED_MS else None)
 
 
 def warm_ms(fn) -> float:
     for i in range(3):
         fn(i)
-    return timed_block(fn, 3, 0.0, [])
+    return median_event_ms(fn, 3)
 
 
 def _median(samples: list, field: int) -> float | None:

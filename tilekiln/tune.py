@@ -134,9 +134,10 @@ def finalists(times: dict[str, float], window: float = WINDOW, most: int = FINAL
     return sorted(kept, key=lambda label: (times[label], label))[:most]
 
 
-def median_event_ms(fn, iters: int) -> float:
+def median_event_ms(fn, iters: int, while_queued: Callable[[], None] | None = None) -> float:
     """Median GPU time of ``fn(i)`` for i in range(iters): each call between its own pair of
-    CUDA events, the calls queued back to back.
+    CUDA events, the calls queued back to back; ``while_queued`` runs on the host once they are
+    queued, while the GPU works through them (bench/block_length.py samples the clock there).
 
     The host does not wait between calls, so while the GPU has work queued a
     call's events bracket only its kernels, not the host's time to enqueue
@@ -154,6 +155,8 @@ def median_event_ms(fn, iters: int) -> float:
         start.record()
         fn(i)
         end.record()
+    if while_queued is not None:
+        while_queued()
     events[-1][1].synchronize()
     return statistics.median(start.elapsed_time(end) for start, end in events[1:])
 
