@@ -53,6 +53,8 @@ class KernelInfo:
     threads: int  # per CTA, as the kernel launches
     dynamic_smem_bytes: int  # per CTA, as the kernel launches
     swap_ab: bool = False  # the kernel computes C^T = B^T A^T (its arguments stay the problem's)
+    raster: str = "m"  # the order CTAs walk the output tiles: along M ("m") or N ("n")
+    swizzle: int = 1  # output tiles per band of that walk
 
     @property
     def cluster_size(self) -> int:
@@ -179,6 +181,7 @@ def _parse(data: dict) -> Manifest:
             dynamic_smem_bytes=int(k["resources"]["smem_bytes"]) - int(k["resources"]["static_smem_bytes"]),
             # Schema 1.1; a 1.0 manifest has no swapped kernels.
             swap_ab=bool(k.get("swap_ab", False)),
+            raster=str(k.get("raster", "m")), swizzle=int(k.get("swizzle", 1)),
         ))
     files = data["files"]
     for relative in files:

@@ -10,7 +10,9 @@ each of many launches queued back to back after warm-up, the median, inputs
 rotated so the L2 is cold for problems smaller than it), each block of a
 candidate's launches followed by one of the baseline's (cuBLAS through torch,
 ``baseline_call``) and scored relative to it. That screen uses short blocks;
-the ``FINALISTS`` it ranks within ``WINDOW`` of its fastest are then timed
+the kernels of the ``FINALISTS`` fastest walk groups it ranks within
+``WINDOW`` of its fastest (``finalists``: a group is one kernel under all
+its raster walks, which only steady state tells apart) are then timed
 the same way at steady state, each block as long as bench/gemm.py's
 (``block_launches``) and run right after ``--settle-ms`` of untimed launches
 of the same kernel (``steady_ms``), and the fastest of those is recorded
@@ -31,6 +33,7 @@ several earlier runs (their ``--table-out`` files), by ``combine``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -39,9 +42,9 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
-from tilekiln.manifest import MANIFEST_NAME, manifest_digest
+from tilekiln.manifest import MANIFEST_NAME, KernelInfo, manifest_digest
 from tilekiln.splitk import parse_label
 
 L2_BYTES = 60 * 2**20
@@ -71,11 +74,18 @@ ROUNDS = 4
 # draw into the next one's: at 8192x28672x8192 128x128 c1x2 read 1.005 of
 # cuBLAS in 1 ms blocks, 1.074 in 30 ms blocks and 0.852 in 150 ms blocks,
 # 128x256 c2x1 rn sw8 0.991, 0.988 and 0.983
-# (bench/results/block-length-h200-2026-12-03.json). The steady-state winner
-# was within the screen's 8 fastest and 15% of its best at 6 of 7 shapes
-# there, and within 1.5% of the winner at the seventh.
+# (bench/results/block-length-h200-2026-12-03.json). The screen cannot rank
+# kernels that differ only in their raster walk: at 16384x24576x8192 it timed
+# 128x256 c2x1 at 9.56 ms and its bands-of-4 twin at 10.30, 13th of the
+# screen, while at steady state the twin ran 10% faster (683 against 619
+# TFLOP/s in 150 ms blocks); a tune that kept the screen's 8 fastest kernels
+# picked the unswizzled one there, which read 0.872 of cuBLAS on the bench
+# (bench/results/h200-2026-12-03-tune-steady-bf16.json, -steady-tuned-bf16.json).
+# So the finalists are the screen's FINALISTS fastest walk groups
+# (``walk_key``), each with all its walks: re-tuned so, that shape picked the
+# bands-of-4 kernel and read 0.978 (h200-2026-12-03-steady-tuned2-bf16.json).
 WINDOW = 1.15
-FINALISTS = 8
+FINALISTS = 5
 SUSTAINED_ROUNDS = 2
 # Untimed launches of the same kernel before each steady-state block: a 150
 # ms block's median launch already read steady-state clocks (above); the
@@ -127,11 +137,26 @@ def steady_ms(fn, iters: int, settle: int) -> float:
     return median_event_ms(fn, iters)
 
 
-def finalists(times: dict[str, float], window: float = WINDOW, most: int = FINALISTS) -> list[str]:
-    """The labels of ``times`` within ``window`` times the fastest, fastest first, at most ``most``."""
+def finalists(times: dict[str, float], group: Callable[[str], object] = lambda label: label,
+              window: float = WINDOW, most: int = FINALISTS) -> list[str]:
+    """The labels of ``times`` in the ``most`` groups (``group(label)``) whose fastest label is
+    within ``window`` times the fastest of all, fastest first (ties in label order)."""
     best = min(times.values())
-    kept = [label for label, t in times.items() if t <= window * best]
-    return sorted(kept, key=lambda label: (times[label], label))[:most]
+    order = sorted(times, key=lambda label: (times[label], label))
+    kept: list[object] = []
+    for label in order:
+        if times[label] <= window * best and group(label) not in kept:
+            kept.append(group(label))
+    kept = kept[:most]
+    return [label for label in order if group(label) in kept]
+
+
+def walk_key(kernels: Mapping[str, KernelInfo], label: str) -> tuple:
+    """What the choice ``label`` (a kernel id of ``kernels``, or a split-K label) is apart from
+    the order its CTAs walk the output tiles (raster, swizzle)."""
+    kid, split = parse_label(label)
+    k = kernels[kid]
+    return (k.dtypes, k.a_major, k.b_major, k.tile, k.cluster, k.schedule, k.swap_ab, k.stages, split)
 
 
 def median_event_ms(fn, iters: int, while_queued: Callable[[], None] | None = None) -> float:
@@ -244,6 +269,7 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
     from tilekiln.select import layout_code, shape_bucket
 
     bundle = tilekiln.load(bundle_dir)
+    group = functools.partial(walk_key, {kernel.id: kernel for kernel in bundle.kernels})
     fp8 = dtype_name == "e4m3"
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "e4m3": torch.float8_e4m3fn}[dtype_name]
     out_dtype = torch.bfloat16 if fp8 else dtype
@@ -286,7 +312,7 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
         launches = block_launches(flops)
         base_settle = settle_launches(screen.reference_ms, settle_ms)
         timings = interleaved(
-            finalists(screen.candidates),
+            finalists(screen.candidates, group),
             lambda kid: steady_ms(runner(kid), launches, settle_launches(screen.candidates[kid], settle_ms)),
             lambda: steady_ms(baseline, launches, base_settle), SUSTAINED_ROUNDS)
         times = timings.candidates

@@ -3,6 +3,7 @@ scores every candidate against the baseline timed right after it."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 
@@ -30,8 +31,9 @@ def test_tune_writes_a_table_the_runtime_follows(gpu_bundle_dir, tmp_path):
         times = entry["candidates"]
         assert len(times) > 1 and written["table"][bucket] == min(times, key=times.get)
         assert entry["baseline_ms"] > 0 and all(t > 0 for t in times.values())
-        # the finalists, timed again in bench-length blocks, are the screen's fastest
-        assert list(times) == sorted(tune.finalists(entry["screen"]))
+        # the finalists, timed again in bench-length blocks, are the screen's fastest walk groups
+        group = functools.partial(tune.walk_key, {k.id: k for k in bundle.kernels})
+        assert list(times) == sorted(tune.finalists(entry["screen"], group))
         m, n, k = shape
         a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         b = torch.randn(n, k, device="cuda").to(torch.bfloat16).t()

@@ -395,6 +395,17 @@ def test_finalists_are_the_screens_fastest_within_the_window():
     assert tune.finalists({"x": 1.0, "w": 1.0}) == ["w", "x"]  # ties in label order
 
 
+def test_finalists_bring_every_walk_of_their_group():
+    from tilekiln import tune
+
+    # "a-sw4" is outside the window and "d" is past the two fastest groups, but
+    # "a-sw4" walks the tiles of "a" in another order, which only steady state ranks
+    times = {"a": 10.0, "a-sw4": 10.0 * tune.WINDOW * 1.1, "b": 10.1, "d": 10.2}
+    group = lambda label: label.split("-")[0]  # noqa: E731
+    assert tune.finalists(times, group, most=2) == ["a", "b", "a-sw4"]
+    assert tune.finalists(times, most=2) == ["a", "b"]
+
+
 def test_tuning_blocks_are_the_benchs_blocks():
     from tilekiln import tune
 
@@ -413,3 +424,19 @@ def test_steady_state_blocks_run_after_their_own_settling_launches(monkeypatch):
     monkeypatch.setattr(tune, "median_event_ms", lambda fn, iters: calls.append(("timed", iters)) or 1.5)
     assert tune.steady_ms(lambda i: calls.append(("settle", i)), 10, 3) == 1.5
     assert calls == [("settle", 0), ("settle", 1), ("settle", 2), ("timed", 10)]
+
+
+def test_walk_groups_join_kernels_that_differ_only_in_their_raster_walk(gpu_bundle_dir):
+    from tilekiln import tune
+    from tilekiln.manifest import read_manifest
+    from tilekiln.splitk import label
+
+    kernels = {k.id: k for k in read_manifest(gpu_bundle_dir).kernels}
+    base = "gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1"
+    walks = [kid for kid in kernels if kid == base or kid.startswith(base + "_") and "sw" in kid]
+    assert {kernels[kid].swizzle for kid in walks} >= {1, 4, 8, 16}
+    assert {kernels[kid].raster for kid in walks} == {"m", "n"}
+    assert len({tune.walk_key(kernels, kid) for kid in walks}) == 1
+    assert tune.walk_key(kernels, base) != tune.walk_key(kernels, base.replace("c2x1", "c1x1"))
+    split = "gemm_sm90_e4m3_e4m3_f32_f32_tn_128x128x128_c1x1"
+    assert tune.walk_key(kernels, label(split, 2)) != tune.walk_key(kernels, split)
