@@ -32,7 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import tilekiln  # noqa: E402
-from tilekiln.tune import baseline_call, interleaved, median_event_ms, operand_sets, parse_shapes  # noqa: E402
+from tilekiln.tune import (baseline_call, interleaved, median_event_ms, operand_sets, parse_shapes,  # noqa: E402
+                           warm_ms)
 
 PREFIX = "gemm_sm90_bf16_bf16_f32_bf16_tn_"
 SAMPLED_MS = 50.0
@@ -54,12 +55,6 @@ def timed_block(fn, launches: int, expect_ms: float, samples: list) -> float:
         samples.append(smi_sample())
 
     return median_event_ms(fn, launches, sample if expect_ms >= SAMPLED_MS else None)
-
-
-def warm_ms(fn) -> float:
-    for i in range(3):
-        fn(i)
-    return median_event_ms(fn, 3)
 
 
 def _median(samples: list, field: int) -> float | None:

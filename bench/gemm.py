@@ -29,8 +29,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import tilekiln  # noqa: E402
-from tilekiln.tune import (SETTLE_MS, baseline_call, block_launches, median_event_ms, operand_sets,  # noqa: E402
-                           settle_launches, steady_ms)
+from tilekiln.tune import (SETTLE_MS, baseline_call, block_launches, operand_sets, settle_launches,  # noqa: E402
+                           steady_ms, warm_ms)
 
 
 
@@ -91,9 +91,7 @@ def run(args) -> dict:
             iters = block_launches(flops)
             settle = {}
             for fn in (tk, th):
-                for i in range(3):
-                    fn(i)
-                settle[fn] = settle_launches(median_event_ms(fn, 3), args.settle_ms)
+                settle[fn] = settle_launches(warm_ms(fn), args.settle_ms)
             # Interleave blocks so drift hits both sides alike; each block runs
             # after its own side has settled the clock (tilekiln.tune.SETTLE_MS).
             t_tk, t_th = [], []

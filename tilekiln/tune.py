@@ -64,9 +64,9 @@ CUT = 2.0
 # runs agreed on 51 of 82 buckets, run one's pick 0.55% slower on average in
 # run two (h200-2026-12-03-tune-rounds-bf16-*.json).
 ROUNDS = 4
-# The screen's finalists, those within WINDOW of its fastest and at most
-# FINALISTS of them, are timed again at steady state, in SUSTAINED_ROUNDS
-# rounds. The H200 runs large GEMMs at its 700 W cap, where each kernel gets
+# The screen's finalists (``finalists``: its FINALISTS fastest walk groups
+# within WINDOW of its fastest) are timed again at steady state, in
+# SUSTAINED_ROUNDS rounds. The H200 runs large GEMMs at its 700 W cap, where each kernel gets
 # the SM clock its own power draw leaves: in 150 ms blocks at bf16 8192^3,
 # 128x256 c2x1 sw8 held 1455 MHz and 128x128 c1x2 1260 (cuBLAS 1485). A
 # short block instead runs at the clock the block before left, and a block of
@@ -129,6 +129,13 @@ def settle_launches(launch_ms: float, settle_ms: float) -> int:
     if settle_ms <= 0:
         return 0
     return min(SETTLE_MAX_LAUNCHES, math.ceil(settle_ms / launch_ms))
+
+
+def warm_ms(fn) -> float:
+    """``median_event_ms(fn, 3)`` after three warm-up calls: a first, rough time of ``fn``."""
+    for i in range(3):
+        fn(i)
+    return median_event_ms(fn, 3)
 
 
 def steady_ms(fn, iters: int, settle: int) -> float:
@@ -294,19 +301,14 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
                     bundle.gemm(a, b, c, kernel=kid)
             return run
 
-        def probe(kid):
-            run = runner(kid)
-            for i in range(3):  # warm-up
-                run(i)
-            return median_event_ms(run, 3)
-
         def baseline(i):
             baseline_call(*sets[i % len(sets)], scales)
 
         for i in range(3):  # warm-up; cuBLAS picks and caches its algorithm here
             baseline(i)
         per_round = max(1, iters // ROUNDS)
-        screen = measure_candidates(labels, probe, lambda kid: median_event_ms(runner(kid), per_round),
+        screen = measure_candidates(labels, lambda kid: warm_ms(runner(kid)),
+                                    lambda kid: median_event_ms(runner(kid), per_round),
                                     lambda: median_event_ms(baseline, per_round))
         if not screen.candidates:
             continue

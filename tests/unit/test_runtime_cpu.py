@@ -424,6 +424,9 @@ def test_steady_state_blocks_run_after_their_own_settling_launches(monkeypatch):
     monkeypatch.setattr(tune, "median_event_ms", lambda fn, iters: calls.append(("timed", iters)) or 1.5)
     assert tune.steady_ms(lambda i: calls.append(("settle", i)), 10, 3) == 1.5
     assert calls == [("settle", 0), ("settle", 1), ("settle", 2), ("timed", 10)]
+    calls.clear()
+    assert tune.warm_ms(lambda i: calls.append(("settle", i))) == 1.5
+    assert calls == [("settle", 0), ("settle", 1), ("settle", 2), ("timed", 3)]
 
 
 def test_walk_groups_join_kernels_that_differ_only_in_their_raster_walk(gpu_bundle_dir):
