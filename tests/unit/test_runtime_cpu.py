@@ -429,17 +429,19 @@ def test_steady_state_blocks_run_after_their_own_settling_launches(monkeypatch):
     assert calls == [("settle", 0), ("settle", 1), ("settle", 2), ("timed", 3)]
 
 
-def test_walk_groups_join_kernels_that_differ_only_in_their_raster_walk(gpu_bundle_dir):
-    from tilekiln import tune
-    from tilekiln.manifest import read_manifest
-    from tilekiln.splitk import label
+def test_walk_groups_join_kernels_that_differ_only_in_their_raster_walk():
+    from dataclasses import replace
 
-    kernels = {k.id: k for k in read_manifest(gpu_bundle_dir).kernels}
-    base = "gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1"
-    walks = [kid for kid in kernels if kid == base or kid.startswith(base + "_") and "sw" in kid]
-    assert {kernels[kid].swizzle for kid in walks} >= {1, 4, 8, 16}
-    assert {kernels[kid].raster for kid in walks} == {"m", "n"}
-    assert len({tune.walk_key(kernels, kid) for kid in walks}) == 1
-    assert tune.walk_key(kernels, base) != tune.walk_key(kernels, base.replace("c2x1", "c1x1"))
-    split = "gemm_sm90_e4m3_e4m3_f32_f32_tn_128x128x128_c1x1"
-    assert tune.walk_key(kernels, label(split, 2)) != tune.walk_key(kernels, split)
+    from tilekiln import tune
+
+    base = kernel(0, (128, 256, 64), (2, 1))
+    walks = [replace(base, index=i + 1, id=f"{base.id}_r{raster}_sw{sw}", raster=raster, swizzle=sw)
+             for i, (raster, sw) in enumerate([("m", 4), ("m", 8), ("m", 16), ("n", 8)])]
+    other_cluster = kernel(9, (128, 256, 64), (1, 1))
+    other_stages = replace(base, index=10, id=base.id + "_s5", stages=5)
+    kernels = {k.id: k for k in [base, *walks, other_cluster, other_stages]}
+    assert len({tune.walk_key(kernels, k.id) for k in [base, *walks]}) == 1
+    assert tune.walk_key(kernels, base.id) != tune.walk_key(kernels, other_cluster.id)
+    assert tune.walk_key(kernels, base.id) != tune.walk_key(kernels, other_stages.id)
+    assert tune.walk_key(kernels, label(base.id, 2)) != tune.walk_key(kernels, base.id)
+    assert tune.walk_key(kernels, label(walks[0].id, 2)) == tune.walk_key(kernels, label(base.id, 2))
