@@ -88,7 +88,18 @@ ROUNDS = 4
 # 26 suite shapes of M >= 2048 took 181 s on the H200.
 WINDOW = 1.15
 FINALISTS = 5
-SUSTAINED_ROUNDS = 2
+# Three steady rounds, not two: a candidate's score is the median of its
+# rounds' ratios to the baseline block right after it, and the median of two
+# is their mean, so one slow baseline block moved a candidate half-way. The
+# fp8 baseline has such blocks: at 256x14336x4096 torch._scaled_mm read 520.2
+# and 947.3 TFLOP/s in the two repeats of one settled bench
+# (h200-2026-12-03-settled-fp8.json), and a two-round tune scored 128x128
+# c1x2 ping-pong there at 1133 TFLOP/s, 1.160x the baseline, where the bench
+# then read it at 852.6 and 852.9, 0.89x (-final-steady-fp8.json). The third
+# round adds half again to the steady pass's time (two took 181 s for the 26
+# fp8 suite shapes of M >= 2048). Each round's pair of times is kept in the
+# table under ``samples``, so a pick can be checked against them.
+SUSTAINED_ROUNDS = 3
 # Untimed launches of the same kernel before each steady-state block: a 150
 # ms block's median launch already read steady-state clocks (above); the
 # count is capped since the host enqueues about one launch per 7 us.
@@ -212,10 +223,12 @@ def operand_sets(m: int, n: int, k: int, dtype, out_dtype) -> list[tuple]:
 @dataclass(frozen=True)
 class Timings:
     """Candidate times in ms, each relative to the reference timed right after it and scaled by
-    the reference's median time (``reference_ms``)."""
+    the reference's median time (``reference_ms``); ``samples``: each candidate's (time,
+    reference time) pairs, one a round, in ms."""
 
     candidates: dict[str, float]
     reference_ms: float
+    samples: dict[str, list[tuple[float, float]]]
 
 
 def interleaved(labels: list[str], measure: Callable[[str], float], reference: Callable[[], float],
@@ -232,16 +245,16 @@ def interleaved(labels: list[str], measure: Callable[[str], float], reference: C
     and then read 0.81 to 0.95 of cuBLAS in all eight bench repeats that ran
     it, where the runner-up read 0.94 to 1.18 (catalog/gemm/sm90.yaml).
     """
-    ratios: dict[str, list[float]] = {label: [] for label in labels}
-    references: list[float] = []
+    samples: dict[str, list[tuple[float, float]]] = {label: [] for label in labels}
     for r in range(rounds):
         shift = r % len(labels) if labels else 0
         for label in labels[shift:] + labels[:shift]:
             measured = measure(label)
-            references.append(reference())
-            ratios[label].append(measured / references[-1])
+            samples[label].append((measured, reference()))
+    references = [ref for pairs in samples.values() for _, ref in pairs]
     reference_ms = statistics.median(references) if references else math.nan
-    return Timings({label: statistics.median(r) * reference_ms for label, r in ratios.items()}, reference_ms)
+    return Timings({label: statistics.median(t / ref for t, ref in pairs) * reference_ms
+                    for label, pairs in samples.items()}, reference_ms, samples)
 
 
 def measure_candidates(labels: list[str], probe: Callable[[str], float], measure: Callable[[str], float],
@@ -329,7 +342,9 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
                              "tflops": round(flops / times[best] / 1e9, 1),
                              "baseline_ms": round(timings.reference_ms, TIME_DECIMALS),
                              "candidates": {kid: round(t, TIME_DECIMALS) for kid, t in sorted(times.items())},
-                             "screen": {kid: round(t, TIME_DECIMALS) for kid, t in sorted(screen.candidates.items())}}
+                             "screen": {kid: round(t, TIME_DECIMALS) for kid, t in sorted(screen.candidates.items())},
+                             "samples": {kid: [[round(t, TIME_DECIMALS), round(ref, TIME_DECIMALS)] for t, ref in pairs]
+                                         for kid, pairs in sorted(timings.samples.items())}}
         print(f"{m:6d}x{n:6d}x{k:6d} {bucket:32s} {best} {flops / times[best] / 1e9:7.1f} TFLOP/s "
               f"{timings.reference_ms / times[best]:.3f}x baseline", flush=True)
         sets = None  # free the operands before the next shape

@@ -34,6 +34,8 @@ def test_tune_writes_a_table_the_runtime_follows(gpu_bundle_dir, tmp_path):
         # the finalists, timed again in bench-length blocks, are the screen's fastest walk groups
         group = functools.partial(tune.walk_key, {k.id: k for k in bundle.kernels})
         assert list(times) == sorted(tune.finalists(entry["screen"], group))
+        assert list(entry["samples"]) == list(times)
+        assert all(len(pairs) == tune.SUSTAINED_ROUNDS for pairs in entry["samples"].values())
         m, n, k = shape
         a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         b = torch.randn(n, k, device="cuda").to(torch.bfloat16).t()

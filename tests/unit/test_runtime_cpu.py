@@ -386,6 +386,35 @@ def test_tuning_scores_each_candidate_against_the_baseline_timed_right_after_it(
     assert timings.candidates["a"] / timings.candidates["b"] == pytest.approx(0.98)
 
 
+def test_one_slow_baseline_block_does_not_pick_the_steady_winner():
+    from tilekiln import tune
+
+    # b is 5% faster; the baseline runs at half speed once, in the block right
+    # after a's first steady sample (the fp8 baseline's slow blocks,
+    # tune.SUSTAINED_ROUNDS). With two rounds a's median ratio is the mean of a
+    # halved and a true one, and a wins.
+    true_ms, baseline_ms = {"a": 10.0, "b": 9.5}, 5.0
+
+    def run(rounds):
+        calls = []
+
+        def measure(label):
+            calls.append(label)
+            return true_ms[label]
+
+        def reference():
+            return baseline_ms * (2.0 if calls == ["a"] else 1.0)
+
+        return tune.interleaved(["a", "b"], measure, reference, rounds)
+
+    two = run(2).candidates
+    assert min(two, key=two.get) == "a"
+    steady = run(tune.SUSTAINED_ROUNDS)
+    assert min(steady.candidates, key=steady.candidates.get) == "b"
+    assert steady.candidates == {"a": 10.0, "b": 9.5} and steady.reference_ms == baseline_ms
+    assert steady.samples["a"][0] == (10.0, 10.0) and len(steady.samples["b"]) == tune.SUSTAINED_ROUNDS
+
+
 def test_finalists_are_the_screens_fastest_within_the_window():
     from tilekiln import tune
 
