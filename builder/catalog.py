@@ -23,7 +23,7 @@ from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.dtypes import DType
 from builder.naming import format_kernel_id
 from builder.paths import display_path
-from builder.pydantic_errors import load_model
+from builder.pydantic_errors import load_model, load_models
 from builder.yamlsrc import YamlDocument, YamlPath
 
 KERNEL_FIELDS = ("dtypes", "layout", "tile", "cluster", "cta_group", "block_scale", "schedule", "swap_ab", "raster",
@@ -164,15 +164,8 @@ def load_catalog(catalog_dir: Path, root: Path | None = None, files: list[Path] 
     settings = _load_settings(catalog_dir / "catalog.yaml", root, problems)
     paths = files if files is not None else sorted((catalog_dir / "gemm").glob("*.yaml"))
     entries: list[CatalogEntry] = []
-    shown: list[str] = []
-    for path in paths:
-        display = display_path(path, root)
-        shown.append(display)
-        try:
-            doc, model = load_model(path, display, CatalogFile, "CATALOG-SCHEMA")
-        except DiagnosticError as exc:
-            problems.extend(exc.diagnostics)
-            continue
+    shown = [display_path(path, root) for path in paths]
+    for _, _, doc, model in load_models(paths, root, CatalogFile, "CATALOG-SCHEMA", problems):
         entries.extend(_expand(model, doc, problems))
     if problems:
         raise DiagnosticError(problems)

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.dtypes import DType
 from builder.paths import display_path
-from builder.pydantic_errors import load_model
+from builder.pydantic_errors import load_models
 from builder.yamlsrc import YamlDocument
 
 T = TypeVar("T")
@@ -220,13 +220,8 @@ def load_facts(hardware_dir: Path, root: Path | None = None) -> FactTable:
     """Load every ``*.yaml`` in ``hardware_dir``; all problems are reported together."""
     pipelines: list[PipelineFacts] = []
     problems: list[Diagnostic] = []
-    for path in sorted(hardware_dir.glob("*.yaml")):
-        display = display_path(path, root)
-        try:
-            doc, model = load_model(path, display, FactsFile, "FACTS-SCHEMA")
-        except DiagnosticError as exc:
-            problems.extend(exc.diagnostics)
-            continue
+    for path, display, doc, model in load_models(sorted(hardware_dir.glob("*.yaml")), root, FactsFile,
+                                                 "FACTS-SCHEMA", problems):
         if model.pipeline != path.stem:
             problems.append(Diagnostic(
                 "FACTS-NAME", f"file declares pipeline {model.pipeline!r} but is named {path.name}",

@@ -76,3 +76,20 @@ def load_model(path, display: str, model, rule: str):
         return doc, model.model_validate(doc.data)
     except ValidationError as exc:
         raise DiagnosticError(diagnostics_from_validation(exc, doc, rule)) from None
+
+
+def load_models(paths, root, model, rule: str, problems: list[Diagnostic]):
+    """``(path, display, document, model instance)`` for each of ``paths`` that parses and
+    validates as ``model``; the diagnostics of the others go to ``problems``, so a caller
+    reports every file's problems together."""
+    from builder.diagnostics import DiagnosticError
+    from builder.paths import display_path
+
+    for path in paths:
+        display = display_path(path, root)
+        try:
+            doc, instance = load_model(path, display, model, rule)
+        except DiagnosticError as exc:
+            problems.extend(exc.diagnostics)
+            continue
+        yield path, display, doc, instance

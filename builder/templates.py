@@ -22,8 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 from builder.catalog import BlockScaleModel, DTypesModel, LayoutCode
 from builder.config import KernelConfig, Schedule
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
-from builder.paths import display_path
-from builder.pydantic_errors import load_model
+from builder.pydantic_errors import load_models
 
 
 class _Strict(BaseModel):
@@ -149,13 +148,8 @@ class TemplateSet:
 def load_templates(directory: Path, display_root: Path | None = None) -> TemplateSet:
     found: list[Template] = []
     problems: list[Diagnostic] = []
-    for manifest_path in sorted(directory.glob("*.yaml")):
-        display = display_path(manifest_path, display_root)
-        try:
-            doc, manifest = load_model(manifest_path, display, TemplateManifest, "TEMPLATE-MANIFEST")
-        except DiagnosticError as exc:
-            problems.extend(exc.diagnostics)
-            continue
+    for _, display, doc, manifest in load_models(sorted(directory.glob("*.yaml")), display_root, TemplateManifest,
+                                                 "TEMPLATE-MANIFEST", problems):
         path = directory / manifest.template
         if not path.exists():
             problems.append(Diagnostic("TEMPLATE-MISSING", f"template file {manifest.template} does not exist",
