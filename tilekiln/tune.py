@@ -5,8 +5,9 @@
 
 Runs on a GPU with torch. For every shape it times each kernel whose contract
 accepts the problem, except those whose first launches are ``CUT`` times slower
-than the fastest one's, in ``ROUNDS`` interleaved rounds (CUDA events around
-each of many launches queued back to back after warm-up, the median, inputs
+than the fastest one's, in ``ROUNDS`` interleaved rounds (after warm-up, the
+launches captured in CUDA graphs of ``GRAPH_LAUNCHES`` so host time drops out,
+CUDA events around each of many replays queued back to back, the median, inputs
 rotated so the L2 is cold for problems smaller than it), each block of a
 candidate's launches followed by one of the baseline's (cuBLAS through torch,
 ``baseline_call``) and scored relative to it. That screen uses short blocks;
@@ -105,6 +106,20 @@ SUSTAINED_ROUNDS = 3
 # count is capped since the host enqueues about one launch per 7 us.
 SETTLE_MS = 100.0
 SETTLE_MAX_LAUNCHES = 2000
+# Timed launches are replayed from CUDA graphs of this many launches
+# (``graphed``, ``graph_ms``), so a side's host cost per call cannot pass for
+# GPU time. Called one at a time, a GEMM shorter than its host path times the
+# host: in one eager bench, torch._scaled_mm took 42 to 49 us per call at
+# 16x8192x8192, 1024^3 and 256x4096x4096 alike, which replayed from graphs
+# took 19.0, 4.5 and 9.9 us, and at 256x14336x4096 it took 57.7 us in that
+# run, 31.1 in the next and 28.4 from graphs (bench/results/
+# h200-2026-12-04-eager-e4m3.json, -eager-run2-e4m3.json,
+# -graph-eager-tuned-e4m3.json). A tune timed that way ranked host noise:
+# for bf16 1024^3 it shipped 128x192 c2x1, which the eager bench read at
+# 1.41x cuBLAS and graphs at 0.54x (11.2 us to 6.0); tuned from graphs,
+# 64x128 c1x2 reads 0.93x (-eager-bf16.json, -graph-eager-tuned-bf16.json,
+# -graph-bf16.json).
+GRAPH_LAUNCHES = 10
 # Candidate times are kept in ms to 10 ns: at 0.1 us, every kernel of a 30 us
 # bf16 2048^3 tune read 30.0 or 30.1, too coarse to rank them.
 TIME_DECIMALS = 5
@@ -147,6 +162,32 @@ def warm_ms(fn) -> float:
     for i in range(3):
         fn(i)
     return median_event_ms(fn, 3)
+
+
+def graphed(fn):
+    """``fn(0) .. fn(GRAPH_LAUNCHES - 1)`` captured as one CUDA graph, and a function of ``i``
+    that replays it. ``fn`` must have run outside capture first (warm-up: plans, module loads,
+    cuBLAS's algorithm choice)."""
+    import torch
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(GRAPH_LAUNCHES):
+            fn(i)
+    return lambda i: graph.replay()
+
+
+def graph_replays(iters: int, settle: int) -> tuple[int, int]:
+    """(timed, untimed) replays of a ``graphed`` function for about ``iters`` timed and
+    ``settle`` untimed launches: at least two timed, since ``median_event_ms`` drops its first."""
+    return max(2, -(-iters // GRAPH_LAUNCHES)), -(-settle // GRAPH_LAUNCHES)
+
+
+def graph_ms(replay, iters: int, settle: int) -> float:
+    """``steady_ms`` of a ``graphed`` function in ms per launch, for about ``iters`` timed
+    launches after ``settle`` untimed ones (``graph_replays``)."""
+    timed, untimed = graph_replays(iters, settle)
+    return steady_ms(replay, timed, untimed) / GRAPH_LAUNCHES
 
 
 def steady_ms(fn, iters: int, settle: int) -> float:
@@ -317,12 +358,22 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
         def baseline(i):
             baseline_call(*sets[i % len(sets)], scales)
 
+        graphs: dict[str, Callable[[int], None]] = {}
+
+        def replay(kid):
+            # captured on first use: after the probe warmed the kernel up, and
+            # only for the candidates the probe kept
+            if kid not in graphs:
+                graphs[kid] = graphed(runner(kid))
+            return graphs[kid]
+
         for i in range(3):  # warm-up; cuBLAS picks and caches its algorithm here
             baseline(i)
+        base = graphed(baseline)
         per_round = max(1, iters // ROUNDS)
         screen = measure_candidates(labels, lambda kid: warm_ms(runner(kid)),
-                                    lambda kid: median_event_ms(runner(kid), per_round),
-                                    lambda: median_event_ms(baseline, per_round))
+                                    lambda kid: graph_ms(replay(kid), per_round, 0),
+                                    lambda: graph_ms(base, per_round, 0))
         if not screen.candidates:
             continue
         flops = 2 * m * n * k
@@ -330,8 +381,8 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
         base_settle = settle_launches(screen.reference_ms, settle_ms)
         timings = interleaved(
             finalists(screen.candidates, group),
-            lambda kid: steady_ms(runner(kid), launches, settle_launches(screen.candidates[kid], settle_ms)),
-            lambda: steady_ms(baseline, launches, base_settle), SUSTAINED_ROUNDS)
+            lambda kid: graph_ms(replay(kid), launches, settle_launches(screen.candidates[kid], settle_ms)),
+            lambda: graph_ms(base, launches, base_settle), SUSTAINED_ROUNDS)
         times = timings.candidates
         best = min(times, key=times.get)
         entry = table.get(bucket)
@@ -347,7 +398,7 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
                                          for kid, pairs in sorted(timings.samples.items())}}
         print(f"{m:6d}x{n:6d}x{k:6d} {bucket:32s} {best} {flops / times[best] / 1e9:7.1f} TFLOP/s "
               f"{timings.reference_ms / times[best]:.3f}x baseline", flush=True)
-        sets = None  # free the operands before the next shape
+        sets = graphs = base = None  # free the operands and graphs before the next shape
         if record is not None:
             record(table)
     return table

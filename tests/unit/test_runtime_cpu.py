@@ -458,6 +458,19 @@ def test_steady_state_blocks_run_after_their_own_settling_launches(monkeypatch):
     assert calls == [("settle", 0), ("settle", 1), ("settle", 2), ("timed", 3)]
 
 
+def test_graph_blocks_replay_about_as_many_launches_as_eager_blocks(monkeypatch):
+    from tilekiln import tune
+
+    launches = tune.GRAPH_LAUNCHES
+    assert tune.graph_replays(72, 0) == (-(-72 // launches), 0)
+    assert tune.graph_replays(launches * 20, launches * 5 + 1) == (20, 6)  # settling rounds up
+    assert tune.graph_replays(1, 0) == (2, 0)  # median_event_ms drops its first replay
+    calls = []
+    monkeypatch.setattr(tune, "steady_ms", lambda fn, iters, settle: calls.append((iters, settle)) or 4.0)
+    assert tune.graph_ms(lambda i: None, launches * 20, launches * 5) == 4.0 / launches  # ms per launch
+    assert calls == [(20, 5)]
+
+
 def test_walk_groups_join_kernels_that_differ_only_in_their_raster_walk():
     from dataclasses import replace
 
