@@ -10,7 +10,6 @@ that reader in the same change.
 from __future__ import annotations
 
 import hashlib
-import json
 import platform
 import subprocess
 from pathlib import Path
