@@ -8,9 +8,12 @@ the median, inputs rotated when a problem is smaller than the L2. Each timed
 block runs right after ``--settle-ms`` of untimed launches of its own side
 (``tilekiln.tune.steady_ms``): at the H200's power cap a block otherwise runs
 at the clock the other side's power draw left (bench/README.md, "Block
-length"). The
-whole suite runs ``--repeats`` times and the spread is reported, since the
-H200's clocks drift under sustained load.
+length"). Both sides' launches are replayed from CUDA graphs
+(``tilekiln.tune.GRAPH_LAUNCHES`` says why), so the host's cost per call drops
+out: kernel against kernel. ``--timing eager`` times the calls themselves, as
+an eager PyTorch program issues them. The whole suite runs ``--repeats``
+times and the spread is reported, since the H200's clocks drift under
+sustained load.
 
     python3 bench/gemm.py --bundle artifacts/sm90a --json bench/results/h200-<date>.json
 """
@@ -29,8 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import tilekiln  # noqa: E402
-from tilekiln.tune import (SETTLE_MS, baseline_call, block_launches, operand_sets, settle_launches,  # noqa: E402
-                           steady_ms, warm_ms)
+from tilekiln.tune import (SETTLE_MS, baseline_call, block_launches, graph_ms, graphed, operand_sets,  # noqa: E402
+                           settle_launches, steady_ms, warm_ms)
 
 
 
@@ -68,6 +71,17 @@ def check(bundle, a, b, scales) -> float:
     return err
 
 
+def block_timer(fn, iters: int, settle: int, graph: bool):
+    """A function timing one block of about ``iters`` calls of ``fn`` after ``settle`` untimed
+    ones, in ms per call: replays of ``tilekiln.tune.graphed(fn)`` (GPU time only), or with
+    ``graph`` false the calls themselves (``steady_ms``; the host's cost per call included
+    wherever it exceeds the GPU's)."""
+    if not graph:
+        return lambda: steady_ms(fn, iters, settle)
+    replay = graphed(fn)
+    return lambda: graph_ms(replay, iters, settle)
+
+
 def run(args) -> dict:
     bundle = tilekiln.load(args.bundle)
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "e4m3": FP8}[args.dtype]
@@ -89,21 +103,21 @@ def run(args) -> dict:
             tk = lambda i: tilekiln_call(bundle, *pick(i), scales)  # noqa: E731
             th = lambda i: baseline_call(*pick(i), scales)  # noqa: E731
             iters = block_launches(flops)
-            settle = {}
-            for fn in (tk, th):
-                settle[fn] = settle_launches(warm_ms(fn), args.settle_ms)
+            time_tk, time_th = (block_timer(fn, iters, settle_launches(warm_ms(fn), args.settle_ms),
+                                            args.timing == "graph")
+                                for fn in (tk, th))
             # Interleave blocks so drift hits both sides alike; each block runs
             # after its own side has settled the clock (tilekiln.tune.SETTLE_MS).
             t_tk, t_th = [], []
             for _ in range(4):
-                t_tk.append(steady_ms(tk, iters, settle[tk]))
-                t_th.append(steady_ms(th, iters, settle[th]))
+                t_tk.append(time_tk())
+                t_th.append(time_th())
             rows[(m, n, k)]["tilekiln"].append(flops / statistics.median(t_tk) / 1e9)
             rows[(m, n, k)]["torch"].append(flops / statistics.median(t_th) / 1e9)
             r = rows[(m, n, k)]
             print(f"rep {rep} {m:6d}x{n:6d}x{k:6d}  tilekiln {r['tilekiln'][-1]:7.1f}  torch {r['torch'][-1]:7.1f}  "
                   f"ratio {r['tilekiln'][-1] / r['torch'][-1]:.3f}  {chosen[(m, n, k)][0]}", flush=True)
-            sets = None  # free the operands before the next shape
+            sets = time_tk = time_th = None  # free the operands (and graphs) before the next shape
     results = []
     for (m, n, k), r in rows.items():
         tk, th = statistics.median(r["tilekiln"]), statistics.median(r["torch"])
@@ -119,7 +133,8 @@ def run(args) -> dict:
                "min_ratio": min(ratios), "shapes": len(results)}
     return {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "bundle": bundle.name, "bundle_version": bundle.version,
-            "repeats": args.repeats, "settle_ms": args.settle_ms, "summary": summary, "results": results}
+            "repeats": args.repeats, "settle_ms": args.settle_ms, "timing": args.timing,
+            "summary": summary, "results": results}
 
 
 def main() -> None:
@@ -130,6 +145,9 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="three shapes only")
     p.add_argument("--settle-ms", type=float, default=SETTLE_MS,
                    help="untimed launches of the same side before each timed block (0: none)")
+    p.add_argument("--timing", default="graph", choices=["graph", "eager"],
+                   help="graph: replays of CUDA graphs of each side's launches, GPU time only (the default); "
+                        "eager: the calls themselves, host cost included where it exceeds the GPU's")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     report = run(args)

@@ -1,4 +1,4 @@
-"""Host time per GEMM call on a tiny problem: tilekiln next to torch.matmul, same run.
+"""Host time per GEMM call on a tiny problem: tilekiln next to torch.matmul and torch._scaled_mm, same run.
 
 A tiny problem (64x64x64) keeps the GPU far ahead of the host, so the time
 per call is the host's: argument checks, kernel selection (cached after the
@@ -78,11 +78,17 @@ def main() -> None:
     a = torch.randn(s, s, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(s, s, device="cuda", dtype=torch.bfloat16)
     c = torch.empty(s, s, device="cuda", dtype=torch.bfloat16)
+    # fp8 with per-tensor scales, bf16 out; b8 is K-major, as torch._scaled_mm needs.
+    a8, b8 = a.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn).t()
+    sa, sb = torch.tensor([0.5], device="cuda"), torch.tensor([0.25], device="cuda")
     cases = {
         "tilekiln.gemm(a, b, out)": lambda: bundle.gemm(a, w, c),
         "torch.matmul(a, b, out=)": lambda: torch.matmul(a, w, out=c),
         "tilekiln.gemm(a, b)": lambda: bundle.gemm(a, w),
         "torch.matmul(a, b)": lambda: torch.matmul(a, w),
+        "tilekiln.scaled_gemm(a8, b8, out=)": lambda: bundle.scaled_gemm(a8, b8, sa, sb, out=c),
+        "torch._scaled_mm(a8, b8)": lambda: torch._scaled_mm(a8, b8, scale_a=sa, scale_b=sb,
+                                                              out_dtype=torch.bfloat16, use_fast_accum=True),
     }
     for fn in cases.values():
         for _ in range(500):
@@ -100,7 +106,7 @@ def main() -> None:
               "torch": torch.__version__, "problem": [s, s, s], "block": BLOCK, "relative_error": err,
               "kernel": tilekiln.explain(a, w, bundle=bundle).kernel.id, "results": result, "parts": parts}
     for name, r in result.items():
-        print(f"{name:28s} median {r['median_us']:7.2f} us  (min {r['min_us']:.2f}, max {r['max_us']:.2f})")
+        print(f"{name:36s} median {r['median_us']:7.2f} us  (min {r['min_us']:.2f}, max {r['max_us']:.2f})")
     for name, us in parts.items():
         print(f"  part: {name:44s} {us:7.3f} us")
     if args.json:
