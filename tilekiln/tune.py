@@ -358,14 +358,9 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
         def baseline(i):
             baseline_call(*sets[i % len(sets)], scales)
 
-        graphs: dict[str, Callable[[int], None]] = {}
-
-        def replay(kid):
-            # captured on first use: after the probe warmed the kernel up, and
-            # only for the candidates the probe kept
-            if kid not in graphs:
-                graphs[kid] = graphed(runner(kid))
-            return graphs[kid]
+        # a candidate's graph is captured on first use: after the probe warmed
+        # the kernel up, and only for the candidates the probe kept
+        replay = functools.cache(lambda kid: graphed(runner(kid)))
 
         for i in range(3):  # warm-up; cuBLAS picks and caches its algorithm here
             baseline(i)
@@ -398,7 +393,7 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
                                          for kid, pairs in sorted(timings.samples.items())}}
         print(f"{m:6d}x{n:6d}x{k:6d} {bucket:32s} {best} {flops / times[best] / 1e9:7.1f} TFLOP/s "
               f"{timings.reference_ms / times[best]:.3f}x baseline", flush=True)
-        sets = graphs = base = None  # free the operands and graphs before the next shape
+        sets = replay = base = None  # free the operands and graphs before the next shape
         if record is not None:
             record(table)
     return table

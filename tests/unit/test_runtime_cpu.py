@@ -462,7 +462,9 @@ def test_graph_blocks_replay_about_as_many_launches_as_eager_blocks(monkeypatch)
     from tilekiln import tune
 
     launches = tune.GRAPH_LAUNCHES
-    assert tune.graph_replays(72, 0) == (-(-72 // launches), 0)
+    for iters in (launches + 1, 2 * launches, 72, 200):  # enough replays for iters, not a whole one more
+        timed, untimed = tune.graph_replays(iters, 0)
+        assert (timed - 1) * launches < iters <= timed * launches and untimed == 0
     assert tune.graph_replays(launches * 20, launches * 5 + 1) == (20, 6)  # settling rounds up
     assert tune.graph_replays(1, 0) == (2, 0)  # median_event_ms drops its first replay
     calls = []
