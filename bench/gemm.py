@@ -32,8 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import tilekiln  # noqa: E402
-from tilekiln.tune import (SETTLE_MS, baseline_call, block_launches, graph_ms, graphed, operand_sets,  # noqa: E402
-                           settle_launches, steady_ms, warm_ms)
+from tilekiln.tune import (GRAPH_LAUNCHES, SETTLE_MS, baseline_call, block_launches, graph_ms,  # noqa: E402
+                           graphed, operand_sets, settle_launches, steady_ms, warm_ms)
 
 
 
@@ -71,14 +71,18 @@ def check(bundle, a, b, scales) -> float:
     return err
 
 
-def block_timer(fn, iters: int, settle: int, graph: bool):
-    """A function timing one block of about ``iters`` calls of ``fn`` after ``settle`` untimed
-    ones, in ms per call: replays of ``tilekiln.tune.graphed(fn)`` (GPU time only), or with
-    ``graph`` false the calls themselves (``steady_ms``; the host's cost per call included
-    wherever it exceeds the GPU's)."""
+def block_timer(fn, iters: int, settle_ms: float, graph: bool):
+    """A function timing one block of about ``iters`` calls of ``fn`` after ``settle_ms`` of
+    untimed ones, in ms per call: replays of ``tilekiln.tune.graphed(fn)`` (GPU time only), or
+    with ``graph`` false the calls themselves (``steady_ms``; the host's cost per call included
+    wherever it exceeds the GPU's). The settle count comes from the same way of timing, since
+    at small problems an eager call's host cost would make it too short."""
+    launch_ms = warm_ms(fn)  # also the warm-up ``graphed`` needs before capture
     if not graph:
+        settle = settle_launches(launch_ms, settle_ms)
         return lambda: steady_ms(fn, iters, settle)
     replay = graphed(fn)
+    settle = settle_launches(warm_ms(replay) / GRAPH_LAUNCHES, settle_ms)
     return lambda: graph_ms(replay, iters, settle)
 
 
@@ -103,8 +107,7 @@ def run(args) -> dict:
             tk = lambda i: tilekiln_call(bundle, *pick(i), scales)  # noqa: E731
             th = lambda i: baseline_call(*pick(i), scales)  # noqa: E731
             iters = block_launches(flops)
-            time_tk, time_th = (block_timer(fn, iters, settle_launches(warm_ms(fn), args.settle_ms),
-                                            args.timing == "graph")
+            time_tk, time_th = (block_timer(fn, iters, args.settle_ms, args.timing == "graph")
                                 for fn in (tk, th))
             # Interleave blocks so drift hits both sides alike; each block runs
             # after its own side has settled the clock (tilekiln.tune.SETTLE_MS).
