@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import tilekiln  # noqa: E402
 from tilekiln.tune import (GRAPH_LAUNCHES, SETTLE_MS, baseline_call, block_launches, graph_ms,  # noqa: E402
-                           graphed, operand_sets, settle_launches, steady_ms, warm_ms)
+                           graphed, operand_sets, settle_launches, steady_ms, tilekiln_call, warm_ms)
 
 
 
@@ -54,12 +54,6 @@ def shape_suite() -> list[tuple[int, int, int]]:
 
 FP8 = torch.float8_e4m3fn
 SCALE_A, SCALE_B = 0.5, 0.25
-
-
-def tilekiln_call(bundle, a, b, c, scales):
-    if scales is None:
-        return bundle.gemm(a, b, c)
-    return bundle.scaled_gemm(a, b, *scales, out=c)
 
 
 def check(bundle, a, b, scales) -> float:

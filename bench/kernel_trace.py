@@ -21,7 +21,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import tilekiln  # noqa: E402
-from tilekiln.tune import GRAPH_LAUNCHES, baseline_call, graphed, operand_sets, parse_shapes, warm_ms  # noqa: E402
+from tilekiln.tune import (GRAPH_LAUNCHES, baseline_call, graphed, operand_sets, parse_shapes,  # noqa: E402
+                           tilekiln_call, warm_ms)
 
 REPLAYS = 20
 
@@ -70,13 +71,7 @@ def main() -> None:
         sets = operand_sets(m, n, k, dtype, torch.bfloat16)
 
         def ours(bundle, kernel):
-            def run(i):
-                a, b, c = sets[i % len(sets)]
-                if fp8:
-                    bundle.scaled_gemm(a, b, *scales, out=c, kernel=kernel)
-                else:
-                    bundle.gemm(a, b, c, kernel=kernel)
-            return run
+            return lambda i: tilekiln_call(bundle, *sets[i % len(sets)], scales, kernel)
 
         sides = {"cublas": lambda i: baseline_call(*sets[i % len(sets)], scales)}
         for name, bundle in bundles.items():

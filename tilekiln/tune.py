@@ -320,6 +320,15 @@ def baseline_call(a, b, c, scales):
                             use_fast_accum=True)
 
 
+def tilekiln_call(bundle, a, b, c, scales, kernel: str | None = None):
+    """``bundle``'s counterpart of ``baseline_call``: ``gemm``, or ``scaled_gemm`` with the
+    per-tensor ``scales`` of 8-bit floats, into ``c`` (None: a new tensor); ``kernel`` pins a
+    choice by its label. Returns the output."""
+    if scales is None:
+        return bundle.gemm(a, b, c, kernel=kernel)
+    return bundle.scaled_gemm(a, b, *scales, out=c, kernel=kernel)
+
+
 def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, iters: int,
          settle_ms: float = SETTLE_MS, record: Callable[[dict[str, dict]], None] | None = None) -> dict[str, dict]:
     """The table of ``shapes``; ``record`` gets the table so far after every shape, so a run cut
@@ -347,13 +356,7 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
         labels = [c.label for c in bundle.choose(problem, allow_split=True).candidates if c.accepted]
 
         def runner(kid):
-            def run(i):
-                a, b, c = sets[i % len(sets)]
-                if fp8:
-                    bundle.scaled_gemm(a, b, *scales, out=c, kernel=kid)
-                else:
-                    bundle.gemm(a, b, c, kernel=kid)
-            return run
+            return lambda i: tilekiln_call(bundle, *sets[i % len(sets)], scales, kid)
 
         def baseline(i):
             baseline_call(*sets[i % len(sets)], scales)
