@@ -18,7 +18,7 @@ from typing import Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
 
-from builder.config import BlockScale, Cluster, DTypes, KernelConfig, Layout, Raster, Schedule, Tile
+from builder.config import BlockScale, Cluster, DTypes, KernelConfig, Layout, Operand, Raster, Schedule, Tile
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.dtypes import DType
 from builder.naming import format_kernel_id
@@ -27,7 +27,7 @@ from builder.pydantic_errors import load_model, load_models
 from builder.yamlsrc import YamlDocument, YamlPath
 
 KERNEL_FIELDS = ("dtypes", "layout", "tile", "cluster", "cta_group", "block_scale", "schedule", "swap_ab", "raster",
-                 "swizzle", "stages")
+                 "swizzle", "evict_first", "stages")
 REQUIRED_FIELDS = ("dtypes", "layout", "tile", "cluster")
 
 
@@ -63,6 +63,8 @@ class KernelFields(_Strict):
     swap_ab: bool | None = Field(default=None, description="compute C^T = B^T A^T; tile and cluster in the MMA's terms")
     raster: Raster | None = None
     swizzle: PositiveInt | None = Field(default=None, description="tiles per band in the raster walk (L2 reuse)")
+    evict_first: list[Operand] | None = Field(
+        default=None, description="operands (a, b) whose loads hint the L2 to evict them first: data read once")
     stages: Stages | None = Field(default=None, description="shared-memory pipeline depth, or auto")
 
 
@@ -77,6 +79,7 @@ class SweepFields(_Strict):
     swap_ab: list[bool] | None = Field(default=None, min_length=1)
     raster: list[Raster] | None = Field(default=None, min_length=1)
     swizzle: list[PositiveInt] | None = Field(default=None, min_length=1)
+    evict_first: list[list[Operand]] | None = Field(default=None, min_length=1)
     stages: list[Stages] | None = Field(default=None, min_length=1)
 
 
@@ -249,6 +252,7 @@ def _make_config(pipeline: str, fields: dict[str, tuple[object, YamlPath]]) -> K
         swap_ab=get("swap_ab", False),
         raster=get("raster", Raster.M),
         swizzle=get("swizzle", 1),
+        evict_first=frozenset(get("evict_first", ())),
         stages=None if stages in (None, "auto") else stages,
         cta_group=get("cta_group", 1),
         block_scale=None if scale is None else BlockScale(scale.scale, scale.block),

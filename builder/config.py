@@ -34,6 +34,13 @@ class Raster(str, enum.Enum):
     N = "n"
 
 
+class Operand(str, enum.Enum):
+    """A GEMM input in the problem's terms: A (M x K) or B (K x N)."""
+
+    A = "a"
+    B = "b"
+
+
 @dataclass(frozen=True)
 class DTypes:
     a: DType
@@ -118,6 +125,16 @@ class KernelConfig:
     # padding its 64-row M. tile, cluster and stages are in the MMA's terms;
     # dtypes, layout and the kernel's arguments stay the problem's.
     swap_ab: bool = False
+    # Problem operands whose TMA loads carry the L2 hint EVICT_FIRST: data read
+    # once (the weights of a skinny GEMM) then gives way first, so the operand
+    # every CTA re-reads stays in the L2.
+    evict_first: frozenset[Operand] = frozenset()
+
+    @property
+    def mma_evict_first(self) -> tuple[bool, bool]:
+        """Whether the MMA's own A and B loads are hinted EVICT_FIRST (the problem's B and A when swapped)."""
+        a, b = Operand.A in self.evict_first, Operand.B in self.evict_first
+        return (b, a) if self.swap_ab else (a, b)
 
     @property
     def mma_dtypes(self) -> DTypes:

@@ -127,6 +127,7 @@ class FactsBody(_Strict):
     cluster_dims_power_of_two: Fact[bool] | None = None
     tma_box_dim_max: Fact[int] | None = None
     tma_alignment_bytes: Fact[int] | None = None
+    tma_cache_policy_evict_first: Fact[int] | None = None
     registers_per_sm: Fact[int] | None = None
     max_registers_per_thread: Fact[int] | None = None
     setmaxnreg: Fact[IntRange] | None = None

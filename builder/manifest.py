@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 # Major: a change a reader of the previous major cannot ignore (a field removed,
 # renamed or given a new meaning). Minor: fields added that old readers skip.
-MANIFEST_SCHEMA_VERSION = "1.1"
+MANIFEST_SCHEMA_VERSION = "1.2"
 
 
 def runtime_requirement(runtime_version: str) -> str:
@@ -101,6 +101,7 @@ def _kernel(index: int, r: KernelRecord) -> dict:
         "swap_ab": cfg.swap_ab,
         "raster": cfg.raster.value,
         "swizzle": cfg.swizzle,
+        "evict_first": sorted(o.value for o in cfg.evict_first),
         "stages": plan.stages,
         "threads": plan.threads,
         "contract": {

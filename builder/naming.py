@@ -5,7 +5,8 @@
 Options appear only when they differ from their default, in this fixed order:
 ``pingpong`` (schedule), ``swapab`` (C^T = B^T A^T), ``2cta`` (CTA pair per MMA), ``sf<scale>x<block>``
 (block-scaled operands, e.g. ``sfe4m3x16``), ``rn`` (raster along N),
-``sw<S>`` (swizzle), ``s<S>`` (explicit stage count). Examples:
+``sw<S>`` (swizzle), ``ef<operands>`` (operands whose loads hint the L2 to
+evict them first, e.g. ``efb``), ``s<S>`` (explicit stage count). Examples:
 ``gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1``,
 ``gemm_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_2cta``,
 ``gemm_sm103_e2m1_e2m1_f32_bf16_tn_128x256x768_c1x1_sfe4m3x16``.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from builder.config import BlockScale, Cluster, DTypes, KernelConfig, Layout, Raster, Schedule, Tile
+from builder.config import BlockScale, Cluster, DTypes, KernelConfig, Layout, Operand, Raster, Schedule, Tile
 from builder.dtypes import DType
 
 _DT = "|".join(sorted((d.value for d in DType), key=len, reverse=True))
@@ -52,6 +53,8 @@ def format_kernel_id(config: KernelConfig) -> str:
         parts.append(f"r{config.raster.value}")
     if config.swizzle != 1:
         parts.append(f"sw{config.swizzle}")
+    if config.evict_first:
+        parts.append("ef" + "".join(sorted(o.value for o in config.evict_first)))
     if config.stages is not None:
         parts.append(f"s{config.stages}")
     return "_".join(parts)
@@ -66,6 +69,7 @@ def parse_kernel_id(kernel_id: str) -> KernelConfig:
     g = match.groupdict()
     schedule, raster, swizzle, stages = Schedule.COOPERATIVE, Raster.M, 1, None
     cta_group, block_scale, swap_ab = 1, None, False
+    evict_first: frozenset[Operand] = frozenset()
     for token in filter(None, g["options"].split("_")):
         scale = _SCALE_RE.fullmatch(token)
         if token == Schedule.PINGPONG.value:
@@ -80,11 +84,13 @@ def parse_kernel_id(kernel_id: str) -> KernelConfig:
             raster = Raster.N
         elif re.fullmatch(r"sw\d+", token):
             swizzle = int(token[2:])
+        elif re.fullmatch(r"ef[ab]+", token):
+            evict_first = frozenset(Operand(letter) for letter in token[2:])
         elif re.fullmatch(r"s\d+", token):
             stages = int(token[1:])
         else:
             raise KernelIdError(f"{kernel_id!r}: unknown option {token!r}; "
-                                "known: pingpong, swapab, <G>cta, sf<scale>x<block>, rn, sw<S>, s<S>")
+                                "known: pingpong, swapab, <G>cta, sf<scale>x<block>, rn, sw<S>, ef<a|b|ab>, s<S>")
     config = KernelConfig(
         pipeline=g["pipeline"],
         dtypes=DTypes(DType(g["a"]), DType(g["b"]), DType(g["acc"]), DType(g["c"])),
@@ -92,7 +98,7 @@ def parse_kernel_id(kernel_id: str) -> KernelConfig:
         tile=Tile(int(g["tm"]), int(g["tn"]), int(g["tk"])),
         cluster=Cluster(int(g["cm"]), int(g["cn"])),
         schedule=schedule, raster=raster, swizzle=swizzle, stages=stages,
-        cta_group=cta_group, block_scale=block_scale, swap_ab=swap_ab,
+        cta_group=cta_group, block_scale=block_scale, swap_ab=swap_ab, evict_first=evict_first,
     )
     canonical = format_kernel_id(config)
     if canonical != kernel_id:

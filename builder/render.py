@@ -81,12 +81,17 @@ def template_context(ctx: KernelContext) -> dict[str, object]:
             "acc_stages": plan.acc_stages,
             "tmem_columns": plan.tmem_alloc_columns,
         }
+    cfg = ctx.entry.config
+    evict_a, evict_b = cfg.mma_evict_first
     return _common_context(ctx) | {
         "consumer_wgs": plan.consumer_wgs,
         "wg_threads": plan.threads // (1 + plan.consumer_wgs),
         "wg_tile_m": plan.wg_tile_m,
-        "pingpong": ctx.entry.config.schedule is Schedule.PINGPONG,
-        "swap_ab": ctx.entry.config.swap_ab,
+        "pingpong": cfg.schedule is Schedule.PINGPONG,
+        "swap_ab": cfg.swap_ab,
+        "evict_first_a": evict_a, "evict_first_b": evict_b,
+        # Read only by kernels that hint a load, so a pipeline without the fact builds the rest.
+        "evict_first_policy": hex(ctx.facts.require("tma_cache_policy_evict_first")) if cfg.evict_first else "0",
         "producer_regs": plan.producer_regs,
         "consumer_regs": plan.consumer_regs,
     }

@@ -40,6 +40,7 @@ class Supports(_Strict):
     b_rows_multiple: PositiveInt | None = Field(
         default=None, description="B rows one CTA loads (tile N / cta_group) must be a multiple of this")
     swap_ab: bool = Field(default=False, description="builds swap_ab kernels (C^T = B^T A^T, C stored M-major)")
+    evict_first: bool = Field(default=False, description="hints operand loads EVICT_FIRST in the L2 (evict_first)")
 
 
 class Sm90Parameters(_Strict):
@@ -113,6 +114,8 @@ class Template:
                                 f"(offered: {', '.join(x.value for x in s.schedules)})")
         if config.swap_ab and not s.swap_ab:
             return "swap_ab", "swap_ab kernels (C^T = B^T A^T) are not implemented"
+        if config.evict_first and not s.evict_first:
+            return "evict_first", "L2 eviction hints on the operand loads (evict_first) are not implemented"
         if config.cta_group not in s.cta_groups:
             return "cta_group", (f"cta_group {config.cta_group} is not implemented "
                                  f"(offered: {', '.join(map(str, s.cta_groups))})")

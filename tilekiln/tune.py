@@ -13,7 +13,7 @@ candidate's launches followed by one of the baseline's (cuBLAS through torch,
 ``baseline_call``) and scored relative to it. That screen uses short blocks;
 the kernels of the ``FINALISTS`` fastest walk groups it ranks within
 ``WINDOW`` of its fastest (``finalists``: a group is one kernel under all
-its raster walks, which only steady state tells apart) are then timed
+its raster walks, which only steady state tells apart, and L2 hints) are then timed
 the same way at steady state, each block as long as bench/gemm.py's
 (``block_launches``) and run right after ``--settle-ms`` of untimed launches
 of the same kernel (``steady_ms``), and the fastest of those is recorded
@@ -214,7 +214,7 @@ def finalists(times: dict[str, float], group: Callable[[str], object] = lambda l
 
 def walk_key(kernels: Mapping[str, KernelInfo], label: str) -> tuple:
     """What the choice ``label`` (a kernel id of ``kernels``, or a split-K label) is apart from
-    the order its CTAs walk the output tiles (raster, swizzle)."""
+    the order its CTAs walk the output tiles (raster, swizzle) and its L2 hints (evict_first)."""
     kid, split = parse_label(label)
     k = kernels[kid]
     return (k.dtypes, k.a_major, k.b_major, k.tile, k.cluster, k.schedule, k.swap_ab, k.stages, split)

@@ -36,8 +36,8 @@ def selection_key(ctx: KernelContext) -> tuple:
 def build_key(ctx: KernelContext) -> tuple:
     """Everything that decides the generated code: equal keys build the same kernel."""
     cfg = ctx.entry.config
-    return (selection_key(ctx), cfg.tile.k, cfg.schedule, cfg.raster, cfg.swizzle, cfg.cta_group,
-            cfg.block_scale, ctx.plan.stages)
+    return (selection_key(ctx), cfg.tile.k, cfg.schedule, cfg.raster, cfg.swizzle, cfg.evict_first,
+            cfg.cta_group, cfg.block_scale, ctx.plan.stages)
 
 
 @catalog_rule("SHADOWED", "every kernel can be selected: none builds the same code as, or is indistinguishable "

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from hypothesis import given, strategies as st
 
-from builder.config import BlockScale, Cluster, DTypes, KernelConfig, Layout, Raster, Schedule, Tile
+from builder.config import BlockScale, Cluster, DTypes, KernelConfig, Layout, Operand, Raster, Schedule, Tile
 from builder.dtypes import DType
 from builder.naming import KernelIdError, format_kernel_id, parse_kernel_id
 
@@ -26,6 +26,7 @@ configs = st.builds(
     cta_group=st.integers(1, 4),
     block_scale=st.one_of(st.none(), st.builds(BlockScale, st.sampled_from(DType), st.integers(1, 64))),
     swap_ab=st.booleans(),
+    evict_first=st.frozensets(st.sampled_from(Operand)),
 )
 
 
@@ -43,6 +44,16 @@ def test_swapped_kernels_are_named_after_the_mma_tile():
     assert mixed.mma_dtypes.a is DType.E5M2 and mixed.mma_dtypes.b is DType.E4M3
     assert mixed.mma_layout == Layout(a_k_major=True, b_k_major=False)
     assert dataclasses.replace(mixed, swap_ab=False).mma_layout == mixed.layout
+
+
+def test_evict_first_names_the_problem_operands_and_maps_to_the_mma_under_swap_ab():
+    config = parse_kernel_id("gemm_sm90_bf16_bf16_f32_bf16_tn_64x16x64_c2x1_swapab_sw8_efb_s12")
+    assert config.evict_first == frozenset({Operand.B}) and config.stages == 12
+    # Swapped, the problem's B is the MMA's A.
+    assert config.mma_evict_first == (True, False)
+    assert dataclasses.replace(config, swap_ab=False).mma_evict_first == (False, True)
+    both = dataclasses.replace(config, evict_first=frozenset(Operand))
+    assert format_kernel_id(both).endswith("_efab_s12")
 
 
 def test_tcgen05_options_parse():
@@ -70,6 +81,7 @@ PERTURBATIONS = {
     "cta_group": 2,
     "block_scale": BlockScale(DType.E4M3, 16),
     "swap_ab": True,
+    "evict_first": frozenset({Operand.B}),
 }
 
 
@@ -90,6 +102,10 @@ def test_changing_any_field_changes_the_id(field):
     "gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_1cta",   # default CTA group spelled out
     "gemm_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_sfe4m3x16_2cta",  # options out of order
     "gemm_sm100_e2m1_e2m1_f32_bf16_tn_128x256x64_c2x1_sfe9m9x16",  # unknown scale type
+    "gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_efba",   # operands out of order
+    "gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_efbb",   # an operand twice
+    "gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_s3_efb",  # options out of order
+    "gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_efc",    # no operand c
     "gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_turbo",  # unknown option
     "gemm_sm90_bf16_bf16_f32_bf16_xx_128x256x64_c2x1",        # bad layout
     "gemm_sm90_bf16_bf16_f32_128x256x64_c2x1",                # missing dtype

@@ -1,0 +1,65 @@
+"""evict_first puts the L2 cache policy on the hinted operand's TMA loads, and on no other."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from builder.toolchain import cuda_binutils
+from tests.compile.conftest import make_project, run_build
+
+pytestmark = pytest.mark.compile
+
+# In a 2x1 cluster the MMA's B is multicast along the cluster's M and its A is
+# not, so the SASS tells which operand a load belongs to.
+CATALOG = """pipeline: sm90
+targets: [sm_90a]
+defaults:
+  dtypes: {a: bf16, b: bf16, acc: f32, c: bf16}
+  layout: tn
+  cluster: [2, 1]
+kernels:
+  - tile: [64, 128, 64]
+    schedule: pingpong
+    sweep:
+      evict_first: [[], [b]]
+  # Swapped, the problem's B is the MMA's A: the unicast loads.
+  - tile: [64, 16, 64]
+    swap_ab: true
+    evict_first: [b]
+"""
+
+# A TMA load's last operand is its cache policy: desc[URZ] when it has none.
+_LOAD_RE = re.compile(r"UTMALDG\.\w+(?P<multicast>\.MULTICAST)?\s.*desc\[(?P<policy>UR\w+)\]")
+
+
+def hinted_loads(cubin_path) -> dict[str, set[bool]]:
+    """For the unicast and the multicast TMA loads of a cubin, whether they carry a cache policy."""
+    sass = subprocess.run([str(cuda_binutils() / "nvdisasm"), "-c", str(cubin_path)],
+                          capture_output=True, text=True, check=True).stdout
+    found: dict[str, set[bool]] = {"unicast": set(), "multicast": set()}
+    for m in _LOAD_RE.finditer(sass):
+        found["multicast" if m.group("multicast") else "unicast"].add(m.group("policy") != "URZ")
+    return found
+
+
+def test_the_hint_lands_on_the_problems_operand(tmp_path):
+    project = make_project(tmp_path / "project", CATALOG)
+    result = run_build(project, tmp_path / "artifacts", tmp_path / "cache", jobs=2)
+    assert result.ok, [r.error for b in result.bundles for r in b.failed]
+    bundle = result.bundles[0].path
+    manifest = {k["id"]: k for k in json.loads((bundle / "manifest.json").read_text())["kernels"]}
+    plain = "gemm_sm90_bf16_bf16_f32_bf16_tn_64x128x64_c2x1_pingpong"
+    assert set(manifest) == {plain, f"{plain}_efb", "gemm_sm90_bf16_bf16_f32_bf16_tn_64x16x64_c2x1_swapab_efb"}
+    assert manifest[plain]["evict_first"] == [] and manifest[f"{plain}_efb"]["evict_first"] == ["b"]
+    loads = {kid: hinted_loads(bundle / k["cubin"]["file"]) for kid, k in manifest.items()}
+    assert loads[plain] == {"unicast": {False}, "multicast": {False}}
+    assert loads[f"{plain}_efb"] == {"unicast": {False}, "multicast": {True}}
+    assert loads["gemm_sm90_bf16_bf16_f32_bf16_tn_64x16x64_c2x1_swapab_efb"] == {
+        "unicast": {True}, "multicast": {False}}
+    # The hint costs nothing else: same registers and shared memory as the plain twin.
+    for key in ("registers", "smem_bytes", "spills"):
+        assert manifest[plain]["resources"][key] == manifest[f"{plain}_efb"]["resources"][key]
