@@ -32,8 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import tilekiln  # noqa: E402
-from tilekiln.tune import (GRAPH_LAUNCHES, SETTLE_MS, baseline_call, block_launches, graph_ms,  # noqa: E402
-                           graphed, operand_sets, settle_launches, steady_ms, tilekiln_call, warm_ms)
+from tilekiln.tune import (GRAPH_LAUNCHES, SETTLE_MS, CaptureError, baseline_call, block_launches,  # noqa: E402
+                           graph_ms, graphed, operand_sets, settle_launches, steady_ms, tilekiln_call, warm_ms)
 
 
 
@@ -65,7 +65,7 @@ def check(bundle, a, b, scales) -> float:
     return err
 
 
-def block_timer(fn, iters: int, settle_ms: float, graph: bool):
+def block_timer(fn, iters: int, settle_ms: float, graph: bool, side: str):
     """A function timing one block of about ``iters`` calls of ``fn`` after ``settle_ms`` of
     untimed ones, in ms per call: replays of ``tilekiln.tune.graphed(fn)`` (GPU time only), or
     with ``graph`` false the calls themselves (``steady_ms``; the host's cost per call included
@@ -75,7 +75,7 @@ def block_timer(fn, iters: int, settle_ms: float, graph: bool):
     if not graph:
         settle = settle_launches(launch_ms, settle_ms)
         return lambda: steady_ms(fn, iters, settle)
-    replay = graphed(fn)
+    replay = graphed(fn, side)
     settle = settle_launches(warm_ms(replay) / GRAPH_LAUNCHES, settle_ms)
     return lambda: graph_ms(replay, iters, settle)
 
@@ -101,8 +101,8 @@ def run(args) -> dict:
             tk = lambda i: tilekiln_call(bundle, *pick(i), scales)  # noqa: E731
             th = lambda i: baseline_call(*pick(i), scales)  # noqa: E731
             iters = block_launches(flops)
-            time_tk, time_th = (block_timer(fn, iters, args.settle_ms, args.timing == "graph")
-                                for fn in (tk, th))
+            time_tk, time_th = (block_timer(fn, iters, args.settle_ms, args.timing == "graph",
+                                            f"{m}x{n}x{k} {side}") for fn, side in ((tk, "tilekiln"), (th, "torch")))
             # Interleave blocks so drift hits both sides alike; each block runs
             # after its own side has settled the clock (tilekiln.tune.SETTLE_MS).
             t_tk, t_th = [], []
@@ -147,7 +147,10 @@ def main() -> None:
                         "eager: the calls themselves, host cost included where it exceeds the GPU's")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
-    report = run(args)
+    try:
+        report = run(args)
+    except CaptureError as exc:
+        raise SystemExit(f"bench/gemm.py: {exc}; time the calls themselves with --timing eager")
     print(json.dumps(report["summary"]))
     print(f"{'shape':>22s} {'tilekiln':>9s} {'torch':>9s} {'ratio':>7s}  kernel")
     for r in report["results"]:

@@ -21,8 +21,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import tilekiln  # noqa: E402
-from tilekiln.tune import (GRAPH_LAUNCHES, baseline_call, graphed, operand_sets, parse_shapes,  # noqa: E402
-                           tilekiln_call, warm_ms)
+from tilekiln.tune import (GRAPH_LAUNCHES, CaptureError, baseline_call, graphed, operand_sets,  # noqa: E402
+                           parse_shapes, tilekiln_call, warm_ms)
 
 REPLAYS = 20
 
@@ -81,7 +81,7 @@ def main() -> None:
         for side, fn in sides.items():
             warm_ms(fn)
             row = {"shape": [m, n, k], "side": side, "launches_per_graph": GRAPH_LAUNCHES,
-                   **summary(trace(graphed(fn)))}
+                   **summary(trace(graphed(fn, f"{m}x{n}x{k} {side}")))}
             rows.append(row)
             print(f"{m:6d}x{n:6d}x{k:6d} {side:80s} kernel {row['duration_us']:8.3f} us  "
                   f"period {row['period_us']:8.3f}  gap {row['gap_us']:7.3f} (min {row['min_gap_us']:7.3f})  "
@@ -92,4 +92,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except CaptureError as exc:
+        raise SystemExit(f"kernel_trace.py: {exc}")

@@ -164,16 +164,24 @@ def warm_ms(fn) -> float:
     return median_event_ms(fn, 3)
 
 
-def graphed(fn):
+class CaptureError(RuntimeError):
+    """A side's launches could not be captured in a CUDA graph; the message names the side."""
+
+
+def graphed(fn, side: str = "a side"):
     """``fn(0) .. fn(GRAPH_LAUNCHES - 1)`` captured as one CUDA graph, and a function of ``i``
     that replays it. ``fn`` must have run outside capture first (warm-up: plans, module loads,
-    cuBLAS's algorithm choice)."""
+    cuBLAS's algorithm choice). A failed capture raises :class:`CaptureError` naming ``side``."""
     import torch
 
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(GRAPH_LAUNCHES):
-            fn(i)
+    try:
+        with torch.cuda.graph(graph):
+            for i in range(GRAPH_LAUNCHES):
+                fn(i)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CaptureError(f"{side}: its launches could not be captured in a CUDA graph ({first})") from exc
     return lambda i: graph.replay()
 
 
@@ -363,11 +371,11 @@ def tune(bundle_dir: Path, shapes: list[tuple[int, int, int]], dtype_name: str, 
 
         # a candidate's graph is captured on first use: after the probe warmed
         # the kernel up, and only for the candidates the probe kept
-        replay = functools.cache(lambda kid: graphed(runner(kid)))
+        replay = functools.cache(lambda kid: graphed(runner(kid), f"{m}x{n}x{k} {kid}"))
 
         for i in range(3):  # warm-up; cuBLAS picks and caches its algorithm here
             baseline(i)
-        base = graphed(baseline)
+        base = graphed(baseline, f"{m}x{n}x{k} baseline")
         per_round = max(1, iters // ROUNDS)
         screen = measure_candidates(labels, lambda kid: warm_ms(runner(kid)),
                                     lambda kid: graph_ms(replay(kid), per_round, 0),
@@ -542,8 +550,13 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("tilekiln tune needs a CUDA GPU")
     shapes = parse_shapes(args.shapes) if args.shapes else DEFAULT_SHAPES
     device = torch.cuda.get_device_name()
-    table = tune(args.bundle, shapes, args.dtype, args.iters, args.settle_ms,
-                 record=lambda so_far: _write(args, so_far, device))
+    try:
+        table = tune(args.bundle, shapes, args.dtype, args.iters, args.settle_ms,
+                     record=lambda so_far: _write(args, so_far, device))
+    except CaptureError as exc:
+        # The shapes before this one are in the table already (``record``).
+        raise SystemExit(f"tilekiln tune: {exc}; the buckets measured before it are written, "
+                         "re-run with --shapes leaving that shape out")
     print(f"wrote {len(table)} buckets to {args.bundle / MANIFEST_NAME}", file=sys.stderr)
 
 

@@ -489,3 +489,30 @@ def test_walk_groups_join_kernels_that_differ_only_in_their_raster_walk():
     assert tune.walk_key(kernels, base.id) != tune.walk_key(kernels, other_stages.id)
     assert tune.walk_key(kernels, label(base.id, 2)) != tune.walk_key(kernels, base.id)
     assert tune.walk_key(kernels, label(walks[0].id, 2)) == tune.walk_key(kernels, label(base.id, 2))
+
+
+def test_a_failed_graph_capture_names_the_side(monkeypatch):
+    import contextlib
+    import types
+
+    from tilekiln import tune
+
+    def graph(_):
+        @contextlib.contextmanager
+        def capturing():
+            yield
+        return capturing()
+
+    cuda = types.SimpleNamespace(CUDAGraph=lambda: types.SimpleNamespace(replay=lambda: None), graph=graph)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    calls = []
+    replay = tune.graphed(calls.append, "1024x1024x1024 baseline")
+    assert calls == list(range(tune.GRAPH_LAUNCHES)) and replay(0) is None
+
+    def fails(i):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore torch detail")
+
+    with pytest.raises(tune.CaptureError) as err:
+        tune.graphed(fails, "16x8192x8192 gemm_sm90_x")
+    assert str(err.value) == ("16x8192x8192 gemm_sm90_x: its launches could not be captured in a CUDA graph "
+                              "(CUDA error: operation not permitted when stream is capturing)")
