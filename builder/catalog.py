@@ -14,9 +14,9 @@ import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Annotated, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, field_validator
 
 from builder.config import BlockScale, Cluster, DTypes, KernelConfig, Layout, Operand, Raster, Schedule, Tile
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
@@ -48,6 +48,16 @@ class BlockScaleModel(_Strict):
 
 
 LayoutCode = Literal["tn", "nn", "nt", "tt"]
+
+
+def _distinct(operands: list[Operand]) -> list[Operand]:
+    twice = sorted({o.value for o in operands if operands.count(o) > 1})
+    if twice:
+        raise ValueError(f"lists {', '.join(twice)} more than once; name each operand once")
+    return operands
+
+
+Operands = Annotated[list[Operand], AfterValidator(_distinct)]
 Stages = PositiveInt | Literal["auto"]
 
 
@@ -63,7 +73,7 @@ class KernelFields(_Strict):
     swap_ab: bool | None = Field(default=None, description="compute C^T = B^T A^T; tile and cluster in the MMA's terms")
     raster: Raster | None = None
     swizzle: PositiveInt | None = Field(default=None, description="tiles per band in the raster walk (L2 reuse)")
-    evict_first: list[Operand] | None = Field(
+    evict_first: Operands | None = Field(
         default=None, description="operands (a, b) whose loads hint the L2 to evict them first: data read once")
     stages: Stages | None = Field(default=None, description="shared-memory pipeline depth, or auto")
 
@@ -79,7 +89,7 @@ class SweepFields(_Strict):
     swap_ab: list[bool] | None = Field(default=None, min_length=1)
     raster: list[Raster] | None = Field(default=None, min_length=1)
     swizzle: list[PositiveInt] | None = Field(default=None, min_length=1)
-    evict_first: list[list[Operand]] | None = Field(default=None, min_length=1)
+    evict_first: list[Operands] | None = Field(default=None, min_length=1)
     stages: list[Stages] | None = Field(default=None, min_length=1)
 
 
