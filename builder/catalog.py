@@ -57,7 +57,7 @@ def _distinct(operands: list[Operand]) -> list[Operand]:
     return operands
 
 
-Operands = Annotated[list[Operand], AfterValidator(_distinct)]
+Operands = Annotated[list[Operand], AfterValidator(_distinct), Field(json_schema_extra={"uniqueItems": True})]
 Stages = PositiveInt | Literal["auto"]
 
 
