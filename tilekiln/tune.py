@@ -168,7 +168,7 @@ class CaptureError(RuntimeError):
     """A side's launches could not be captured in a CUDA graph; the message names the side."""
 
 
-def graphed(fn, side: str = "a side"):
+def graphed(fn, side: str):
     """``fn(0) .. fn(GRAPH_LAUNCHES - 1)`` captured as one CUDA graph, and a function of ``i``
     that replays it. ``fn`` must have run outside capture first (warm-up: plans, module loads,
     cuBLAS's algorithm choice). A failed capture raises :class:`CaptureError` naming ``side``."""
@@ -180,7 +180,8 @@ def graphed(fn, side: str = "a side"):
             for i in range(GRAPH_LAUNCHES):
                 fn(i)
     except RuntimeError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        text = str(exc).strip()
+        first = text.splitlines()[0] if text else type(exc).__name__
         raise CaptureError(f"{side}: its launches could not be captured in a CUDA graph ({first})") from exc
     return lambda i: graph.replay()
 
