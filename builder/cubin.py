@@ -14,6 +14,7 @@ cubin prints ``sm_100``), so it is read from the ptxas command line that
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -57,13 +58,9 @@ def inspect_cubin(cubin: bytes) -> CubinInfo:
     ``nvdisasm -c -ndf`` (0.28 s of CPU per Hopper GEMM) rather than ``cuobjdump
     -sass`` (0.38 s: nvdisasm plus a dataflow analysis the census does not read;
     identical counts on all 30 cubins of the default and benchmark catalogs)."""
-    tools = cuda_binutils()
-    env = dict(os.environ, PATH=f"{tools}{os.pathsep}{os.environ.get('PATH', '')}")
-    with tempfile.TemporaryDirectory(prefix="tilekiln-cubin-") as tmp:
-        path = Path(tmp) / "kernel.cubin"
-        path.write_bytes(cubin)
+    with _on_disk(cubin) as (path, tools, env):
         res = _run([str(tools / "cuobjdump"), "-res-usage", str(path)], env)
-        sass = _run([str(tools / "nvdisasm"), "-c", "-ndf", str(path)], env)
+        sass = _disassemble(path, tools, env)
     usage = _RES_RE.findall(res)
     if not usage:
         raise RuntimeError(f"cuobjdump printed no resource usage:\n{res[:500]}")
@@ -72,6 +69,27 @@ def inspect_cubin(cubin: bytes) -> CubinInfo:
     counts = Counter(m.group(1) for m in _SASS_RE.finditer(sass))
     census = tuple((op, counts.get(op, 0)) for op in CENSUS_OPCODES)
     return CubinInfo(arch.group(1) if arch else "unknown", regs, stack, shared, local, census)
+
+
+def disassemble(cubin: bytes) -> str:
+    """The cubin's SASS as ``inspect_cubin`` reads it (``nvdisasm -c -ndf``)."""
+    with _on_disk(cubin) as (path, tools, env):
+        return _disassemble(path, tools, env)
+
+
+@contextlib.contextmanager
+def _on_disk(cubin: bytes):
+    """(path of ``cubin`` in a temporary file, the pinned binutils folder, an environment with it on PATH)."""
+    tools = cuda_binutils()
+    env = dict(os.environ, PATH=f"{tools}{os.pathsep}{os.environ.get('PATH', '')}")
+    with tempfile.TemporaryDirectory(prefix="tilekiln-cubin-") as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        yield path, tools, env
+
+
+def _disassemble(path: Path, tools: Path, env: dict) -> str:
+    return _run([str(tools / "nvdisasm"), "-c", "-ndf", str(path)], env)
 
 
 _TKINFO_ARCH = re.compile(rb"-arch (sm_\w+)")

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 
 import pytest
 
-from builder.toolchain import cuda_binutils
+from builder.cubin import disassemble
 from tests.compile.conftest import make_project, run_build
 
 pytestmark = pytest.mark.compile
@@ -38,8 +37,7 @@ _LOAD_RE = re.compile(r"UTMALDG\.\w+(?P<multicast>\.MULTICAST)?\s.*desc\[(?P<pol
 
 def hinted_loads(cubin_path) -> dict[str, set[bool]]:
     """For the unicast and the multicast TMA loads of a cubin, whether they carry a cache policy."""
-    sass = subprocess.run([str(cuda_binutils() / "nvdisasm"), "-c", str(cubin_path)],
-                          capture_output=True, text=True, check=True).stdout
+    sass = disassemble(cubin_path.read_bytes())
     found: dict[str, set[bool]] = {"unicast": set(), "multicast": set()}
     for m in _LOAD_RE.finditer(sass):
         found["multicast" if m.group("multicast") else "unicast"].add(m.group("policy") != "URZ")
