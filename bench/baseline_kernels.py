@@ -18,14 +18,14 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-from torch.profiler import ProfilerActivity, profile
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tilekiln.tune import baseline_call, require_cuda_torch  # noqa: E402
+
+torch = require_cuda_torch("bench/baseline_kernels.py")
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gemm import FP8, SCALE_A, SCALE_B, shape_suite  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tilekiln.tune import baseline_call  # noqa: E402
 
 
 def kernels_for(m: int, n: int, k: int, dtype) -> list[dict]:

@@ -28,9 +28,11 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tilekiln.tune import require_cuda_torch  # noqa: E402
+
+torch = require_cuda_torch("bench/block_length.py")
 import tilekiln  # noqa: E402
 from tilekiln.tune import (baseline_call, interleaved, median_event_ms, operand_sets, parse_shapes,  # noqa: E402
                            warm_ms)

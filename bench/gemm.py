@@ -28,9 +28,11 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tilekiln.tune import require_cuda_torch  # noqa: E402
+
+torch = require_cuda_torch("bench/gemm.py")
 import tilekiln  # noqa: E402
 from tilekiln.tune import (GRAPH_LAUNCHES, SETTLE_MS, CaptureError, baseline_call, block_launches,  # noqa: E402
                            graph_ms, graphed, operand_sets, settle_launches, steady_ms, tilekiln_call, warm_ms)

@@ -17,9 +17,11 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tilekiln.tune import require_cuda_torch  # noqa: E402
+
+torch = require_cuda_torch("bench/kernel_trace.py")
 import tilekiln  # noqa: E402
 from tilekiln.tune import (GRAPH_LAUNCHES, CaptureError, baseline_call, graphed, operand_sets,  # noqa: E402
                            parse_shapes, tilekiln_call, warm_ms)

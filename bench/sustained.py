@@ -26,9 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tilekiln.tune import require_cuda_torch  # noqa: E402
+
+torch = require_cuda_torch("bench/sustained.py")
 import tilekiln  # noqa: E402
 
 FLOP_PER_SM_CLOCK = 4096

@@ -134,6 +134,18 @@ DEFAULT_SHAPES = sorted({
 } | {(s, s, s) for s in (1024, 2048, 4096, 8192)})
 
 
+def require_cuda_torch(tool: str):
+    """The torch module with a CUDA device to time on; SystemExit saying what ``tool`` lacks otherwise."""
+    try:
+        import torch
+    except ModuleNotFoundError:
+        raise SystemExit(f"{tool} times kernels on a CUDA GPU through torch, which is not installed here: "
+                         "run it on the GPU machine (pip install torch)") from None
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{tool} times kernels on a CUDA GPU, and torch sees none here")
+    return torch
+
+
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     shapes = []
     for item in filter(None, text.split(",")):
@@ -545,10 +557,7 @@ def main(argv: list[str] | None = None) -> None:
                   file=sys.stderr)
         _finish(args, combine(runs), devices.pop())
         return
-    import torch
-
-    if not torch.cuda.is_available():
-        raise SystemExit("tilekiln tune needs a CUDA GPU")
+    torch = require_cuda_torch("tilekiln tune")
     shapes = parse_shapes(args.shapes) if args.shapes else DEFAULT_SHAPES
     device = torch.cuda.get_device_name()
     try:

@@ -516,3 +516,30 @@ def test_a_failed_graph_capture_names_the_side(monkeypatch):
         tune.graphed(fails, "16x8192x8192 gemm_sm90_x")
     assert str(err.value) == ("16x8192x8192 gemm_sm90_x: its launches could not be captured in a CUDA graph "
                               "(CUDA error: operation not permitted when stream is capturing)")
+
+
+@pytest.mark.parametrize("torch_module, says", [
+    (None, "bench/gemm.py times kernels on a CUDA GPU through torch, which is not installed here"),
+    ("no-gpu", "bench/gemm.py times kernels on a CUDA GPU, and torch sees none here"),
+])
+def test_timing_tools_without_torch_or_a_gpu_exit_with_what_is_missing(monkeypatch, torch_module, says):
+    import types
+
+    from tilekiln import tune
+
+    if torch_module == "no-gpu":
+        torch_module = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: False))
+    monkeypatch.setitem(sys.modules, "torch", torch_module)
+    with pytest.raises(SystemExit) as err:
+        tune.require_cuda_torch("bench/gemm.py")
+    assert str(err.value).startswith(says)
+
+
+def test_timing_tools_get_torch_when_a_gpu_is_there(monkeypatch):
+    import types
+
+    from tilekiln import tune
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    assert tune.require_cuda_torch("tilekiln tune") is fake
