@@ -36,6 +36,9 @@ _Static_assert((int)cudaLaunchAttributeClusterDimension == (int)CU_LAUNCH_ATTRIB
 _Static_assert((int)cudaLaunchAttributeClusterSchedulingPolicyPreference ==
                    (int)CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE,
                "launch attribute ids differ");
+_Static_assert((int)cudaLaunchAttributeProgrammaticStreamSerialization ==
+                   (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+               "launch attribute ids differ");
 
 typedef CUresult (*launch_kernel_ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
 
