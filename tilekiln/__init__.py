@@ -81,39 +81,55 @@ def _device_of(a) -> int:
     return describe(a, "a").device
 
 
+def _bundle_for(a, bundle):
+    """``bundle`` as a Bundle: loaded by name or path, or the default for ``a``'s device."""
+    if bundle is None:
+        device = _device_of(a)
+        if device < 0:
+            raise ValueError("a: tensor is in host memory; tilekiln runs on CUDA devices, move it with .cuda()")
+        return _default_bundle(device)
+    return bundle if hasattr(bundle, "gemm") else load(bundle)
+
+
+def _torch_operands(a, b):
+    """tilekiln._torch when ``a`` and ``b`` are torch tensors (importing it registers the operators)."""
+    from tilekiln._tensors import is_torch_tensor
+
+    if is_torch_tensor(a) and is_torch_tensor(b):
+        from tilekiln.bundle import torch_path
+
+        return torch_path()
+    return None
+
+
 def gemm(a, b, *, out=None, bundle=None, stream=None):
     """``a @ b`` (torch.matmul semantics for 2-D and batched 3-D operands) with a prebuilt kernel.
 
     ``bundle`` is a Bundle, a bundle name or directory; by default the installed
     bundle for ``a``'s device. Runs on ``stream`` (default: torch's current
     stream for torch tensors, the legacy default stream otherwise).
+    Differentiable, and a single node under torch.compile (docs/runtime.md).
     """
-    if bundle is None:
-        device = _device_of(a)
-        if device < 0:
-            raise ValueError("a: tensor is in host memory; tilekiln runs on CUDA devices, move it with .cuda()")
-        bundle = _default_bundle(device)
-    elif not hasattr(bundle, "gemm"):
-        bundle = load(bundle)
-    return bundle.gemm(a, b, out, stream=stream)
+    fast = _torch_operands(a, b)
+    if fast is not None:
+        return fast.gemm(bundle, a, b, out, stream)
+    return _bundle_for(a, bundle).gemm(a, b, out, stream=stream)
 
 
 def scaled_gemm(a, b, scale_a, scale_b, *, out_dtype=None, out=None, bundle=None, stream=None):
-    """fp8 ``(a @ b) * scale_a * scale_b`` with bf16 output by default (``torch._scaled_mm`` semantics)."""
-    if bundle is None:
-        bundle = _default_bundle(_device_of(a))
-    elif not hasattr(bundle, "gemm"):
-        bundle = load(bundle)
-    return bundle.scaled_gemm(a, b, scale_a, scale_b, out_dtype=out_dtype, out=out, stream=stream)
+    """fp8 ``(a @ b) * scale_a * scale_b`` with per-tensor (one-element float32) scales and bf16 output by
+    default: ``torch._scaled_mm``'s per-tensor mode. Takes torch tensors."""
+    fast = _torch_operands(a, b)
+    if fast is None:
+        raise TypeError("scaled_gemm takes torch tensors (a and b); the operands given are "
+                        f"{type(a).__name__} and {type(b).__name__}")
+    return fast.scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream)
 
 
-def explain(a, b, *, out=None, bundle=None):
-    """The kernel ``gemm`` would run for these operands, why, and why not the others."""
-    if bundle is None:
-        bundle = _default_bundle(_device_of(a))
-    elif not hasattr(bundle, "gemm"):
-        bundle = load(bundle)
-    return bundle.explain(a, b, out)
+def explain(a, b, *, out=None, bundle=None, backward=None):
+    """The kernel ``gemm`` would run for these operands, why, and why not the others; with
+    ``backward`` (by default when an input requires grad), what the gradient's GEMMs run on."""
+    return _bundle_for(a, bundle).explain(a, b, out, backward=backward)
 
 
 def __getattr__(name: str):

@@ -32,6 +32,21 @@ class Operand:
         return {"bf16": 2, "f16": 2, "f32": 4, "e4m3": 1, "e5m2": 1, "i8": 1, "u8": 1, "i32": 4}.get(self.dtype, 0)
 
 
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+def transposed(op: Operand) -> Operand:
+    """``op`` with its last two dimensions swapped (``.mT``), as a description only."""
+    shape, strides = list(op.shape), list(op.strides)
+    shape[-2:], strides[-2:] = shape[:-3:-1], strides[:-3:-1]
+    return Operand(op.name, tuple(shape), tuple(strides), op.dtype, op.ptr, op.device, None)
+
+
 def is_torch_tensor(obj: object) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(obj, torch.Tensor)
@@ -70,11 +85,7 @@ def _from_cai(obj: object, cai: dict, name: str) -> Operand:
     dtype = _CAI_DTYPES.get(typestr, typestr)
     itemsize = int(typestr[2:]) if typestr[2:].isdigit() else 1
     if cai.get("strides") is None:
-        strides, acc = [], 1
-        for s in reversed(shape):
-            strides.append(acc)
-            acc *= s
-        strides = tuple(reversed(strides))
+        strides = contiguous_strides(shape)
     else:
         raw = tuple(int(s) for s in cai["strides"])
         if any(s % itemsize for s in raw):

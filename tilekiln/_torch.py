@@ -1,11 +1,31 @@
-"""The torch fast path of ``gemm``.
+"""The torch path: the eager hot path of ``gemm`` and ``scaled_gemm``, and their torch operators.
 
-Imported only when torch tensors are passed. The plan cache key is the
-operands' dtype, shape, strides and device (plus the ``out`` signature); a
-hit costs the key, the data pointers, the current raw stream handle (the
-private ``torch._C._cuda_getCurrentRawStream``, about 0.2 us, where
-``torch.cuda.current_stream()`` costs about 4 us on the H200) and one
-ctypes call.
+Imported only when torch tensors are passed; importing it registers four operators:
+
+    tilekiln::gemm(a, b, bundle, kernel, fallback) -> Tensor     autograd: dA = dC·Bᵀ, dB = Aᵀ·dC
+    tilekiln::gemm_out(a, b, out!, bundle, kernel)
+    tilekiln::scaled_gemm(a, b, scale_a, scale_b, out_dtype, bundle, kernel) -> Tensor
+    tilekiln::scaled_gemm_out(a, b, scale_a, scale_b, out!, bundle, kernel)
+
+``bundle`` names the bundle as a string (:func:`bundle_ref`: a loaded bundle's
+directory, a name or path given by the caller, or ``""`` for the default
+bundle of the inputs' device), so that torch.compile can put the call in a
+graph. An eager call goes through an operator only when autograd must record
+it (an input requires grad while grad mode is on); otherwise it takes the hot
+path. While torch.compile traces, every call becomes one of these nodes. The
+fakes allocate through the same :func:`tilekiln.problem.result_strides` as the
+real calls, so traced strides equal real ones.
+
+The backward GEMMs run through ``tilekiln::gemm`` with ``fallback`` set: on
+the bundle's kernels where one accepts the layout (sm90 has all four), else
+``torch.matmul``; ``explain`` says which. Being operators themselves, they are
+differentiable again.
+
+A cached eager call costs the signature key (shape, strides, dtype and device
+of each operand, and of each scale), one dictionary look-up, three pointer
+reads, the current raw stream handle (the private
+``torch._C._cuda_getCurrentRawStream``, about 0.2 us, where
+``torch.cuda.current_stream()`` costs about 4 us on the H200) and one ctypes call.
 """
 
 from __future__ import annotations
@@ -16,13 +36,44 @@ import torch
 
 from tilekiln._native import CALL
 from tilekiln._tensors import describe, torch_dtype_token
-from tilekiln.bundle import raise_misaligned
-from tilekiln.errors import LaunchError
+from tilekiln.bundle import Bundle, raise_misaligned
+from tilekiln.errors import LaunchError, NoKernelError
+from tilekiln.problem import ITEMSIZE, result_shape, result_strides
 
 Tensor = torch.Tensor
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
 _pack_call = CALL.pack_into
+
+# Bundles that were passed as objects, by their reference string, so an operator
+# finds the very object (and its plan cache) again.
+_bundles: dict[str, Bundle] = {}
+
+
+def bundle_ref(bundle) -> str:
+    """The operators' name for ``bundle`` (a Bundle, a name or path, or None for the device default)."""
+    if bundle is None:
+        return ""
+    if isinstance(bundle, Bundle):
+        ref = bundle.ref
+        _bundles.setdefault(ref, bundle)
+        return ref
+    return str(bundle)
+
+
+def resolve(ref: str, device: int) -> Bundle:
+    """The bundle an operator's ``bundle`` argument names, for inputs on ``device``."""
+    import tilekiln
+
+    if not ref:
+        if device < 0:
+            raise ValueError("a: tensor is in host memory; tilekiln runs on CUDA devices, move it with .cuda()")
+        return tilekiln._default_bundle(device)
+    bundle = _bundles.get(ref)
+    if bundle is None:
+        bundle = _bundles.setdefault(ref, tilekiln.load(ref))
+    return bundle
 
 
 def current_stream(device: int) -> int:
@@ -39,6 +90,17 @@ def _stream_handle(stream, device: int) -> int:
     return int(stream)
 
 
+def _torch_stream(stream, device: int):
+    if isinstance(stream, torch.cuda.Stream):
+        return stream
+    return torch.cuda.ExternalStream(int(stream), device=device)
+
+
+def _on_stream(stream, device: int):
+    """A context that makes ``stream`` current for operator calls (which run on the current stream)."""
+    return contextlib.nullcontext() if stream is None else torch.cuda.stream(_torch_stream(stream, device))
+
+
 _SCALE_ERROR = ("{name}: expected a one-element float32 CUDA tensor on the inputs' device "
                 "(a per-tensor scale, as torch._scaled_mm takes), got {what}")
 
@@ -51,67 +113,80 @@ def _check_scale(name: str, scale, device: int) -> None:
             name=name, what=f"{scale.dtype} with {scale.numel()} elements on {scale.device}"))
 
 
-def _allocate(problem, dtype, device) -> torch.Tensor:
-    if problem.empty or problem.k == 0 or problem.c.lead == problem.n:
-        return torch.empty(problem.out_shape, dtype=dtype, device=device)
-    return torch.empty(problem.alloc_shape, dtype=dtype, device=device)[..., :problem.n]
+def _scale_signature(scale) -> tuple:
+    """What of a scale its check depends on; part of the plan key, so a cached plan is never
+    reused for a scale the check would refuse."""
+    if isinstance(scale, torch.Tensor):
+        return scale.dtype, scale.shape, scale.get_device()
+    return (type(scale),)
 
 
-def torch_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream, kernel):
-    out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
-    key = ("scaled", a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.get_device(), b.get_device(),
-           None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()), kernel, out_dtype)
-    plan = bundle._plans.get(key)
-    if plan is None:
-        plan = bundle.plan(describe(a, "a"), describe(b, "b"), None if out is None else describe(out, "out"),
-                           kernel, torch_dtype_token(out_dtype), allow_split=True)
-        for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
-            _check_scale(name, scale, plan.problem.device)
-        bundle.remember(key, plan)
-    if out is None:
-        out = _allocate(plan.problem, out_dtype, a.device)
-    if plan.block is None:
-        if plan.problem.k == 0:
-            out.zero_()
+def _allocate(shape: tuple[int, ...], k: int, dtype: torch.dtype, device) -> torch.Tensor:
+    return torch.empty_strided(shape, result_strides(shape, k, dtype.itemsize), dtype=dtype, device=device)
+
+
+def _refuse_out_with_grad(name: str, out, *inputs) -> None:
+    if out is not None and _grad_enabled() and any(t.requires_grad for t in inputs):
+        raise RuntimeError(f"{name}(): functions with out=... arguments don't support automatic "
+                           "differentiation, but one of the arguments requires grad")
+
+
+# -- the eager entry points ------------------------------------------------------------------------
+
+
+def gemm(bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, kernel: str | None = None):
+    """``gemm`` for torch tensors. ``bundle``: a Bundle, a name or path, or None (the device default)."""
+    if _is_compiling():
+        if stream is not None:
+            raise TypeError("stream=: not supported while torch.compile traces; make the stream current "
+                            "with torch.cuda.stream(...) instead")
+        return _gemm_node(bundle_ref(bundle), a, b, out, kernel or "")
+    if (a.requires_grad or b.requires_grad) and _grad_enabled():
+        _refuse_out_with_grad("gemm", out, a, b)
+        with _on_stream(stream, a.get_device()):
+            return gemm_op(a, b, bundle_ref(bundle), kernel or "", False)
+    if not isinstance(bundle, Bundle):
+        bundle = resolve(bundle_ref(bundle), a.get_device())
+    return run_gemm(bundle, a, b, out, stream, kernel)
+
+
+def scaled_gemm(bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_dtype, out: Tensor | None, stream,
+                kernel: str | None = None):
+    """``scaled_gemm`` for torch tensors; not differentiable, like ``torch._scaled_mm``."""
+    if _is_compiling():
+        if stream is not None:
+            raise TypeError("stream=: not supported while torch.compile traces; make the stream current "
+                            "with torch.cuda.stream(...) instead")
+        ref = bundle_ref(bundle)
+        if out is None:
+            return scaled_gemm_op(a, b, scale_a, scale_b, out_dtype, ref, kernel or "")
+        scaled_gemm_out_op(a, b, scale_a, scale_b, out, ref, kernel or "")
         return out
-    if plan.split > 1:
-        return _split_k(bundle, plan, a, b, out, stream, scale_a.data_ptr(), scale_b.data_ptr())
-    bundle.launch(plan, a.data_ptr(), b.data_ptr(), out.data_ptr(), _stream_handle(stream, plan.problem.device),
-                  scale_a.data_ptr(), scale_b.data_ptr())
+    if _grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in (a, b, scale_a, scale_b)):
+        raise RuntimeError("scaled_gemm is not differentiable (as torch._scaled_mm is not); "
+                           "detach its inputs or call it under torch.no_grad()")
+    if not isinstance(bundle, Bundle):
+        bundle = resolve(bundle_ref(bundle), a.get_device())
+    return run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream, kernel)
+
+
+def _gemm_node(ref: str, a: Tensor, b: Tensor, out: Tensor | None, kernel: str):
+    if out is None:
+        return gemm_op(a, b, ref, kernel, False)
+    gemm_out_op(a, b, out, ref, kernel)
     return out
 
 
-def _split_k(bundle, plan, a, b, out, stream, scale_a: int = 0, scale_b: int = 0):
-    """Launch the plan's K slices into an fp32 workspace, then add the planes in order into ``out``."""
-    device = plan.problem.device
-    context = contextlib.nullcontext() if stream is None else torch.cuda.stream(_torch_stream(stream, device))
-    with context:
-        run = plan.run
-        work = torch.empty(run.out_shape, dtype=torch.float32, device=out.device)
-        bundle.launch(plan, a.data_ptr(), b.data_ptr(), work.data_ptr(), current_stream(device), scale_a, scale_b)
-        # One kernel: fp32 sums over the planes, rounded once into out's dtype.
-        torch.sum(work[..., :run.n], dim=0, out=out if out.dim() == 2 else out[0])
-    return out
+# -- the hot path ----------------------------------------------------------------------------------
 
 
-def _torch_stream(stream, device: int):
-    if isinstance(stream, torch.cuda.Stream):
-        return stream
-    return torch.cuda.ExternalStream(int(stream), device=device)
+def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, kernel=None):
+    """``bundle.gemm`` for torch tensors, written out in one function.
 
-
-def gemm(bundle, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, stream, kernel=None,
-         in_operator=False):
-    """``bundle.gemm`` for torch tensors: the hot path, written out in one function.
-
-    A cached call costs the signature key (shape, strides, dtype and device of
-    each operand), one dictionary look-up, three pointer reads, the current
-    stream, one 6-field pack into the thread's call block and one ctypes call.
-    While torch.compile traces, the call becomes a ``tilekiln::gemm`` node;
-    that operator's body comes back here with ``in_operator``.
+    A cached call costs the signature key, one dictionary look-up, three pointer
+    reads, the current stream, one 6-field pack into the thread's call block and
+    one ctypes call.
     """
-    if _is_compiling() and not in_operator and kernel is None and stream is None:
-        return compiled_gemm(bundle, a, b, out)
     if out is None:
         key = (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype, b.get_device(), kernel)
     else:
@@ -123,7 +198,7 @@ def gemm(bundle, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, str
                            kernel, allow_split=True)
         bundle.remember(key, plan)
     if out is None:
-        out = _allocate(plan.problem, a.dtype, a.device)
+        out = _allocate(plan.problem.out_shape, plan.problem.k, a.dtype, a.device)
     block = plan.block
     if block is None:
         if plan.problem.k == 0:
@@ -147,48 +222,134 @@ def gemm(bundle, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, str
     return out
 
 
-def result_shape(a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...]:
-    m, n = a.shape[-2], b.shape[-1]
-    if a.dim() == 2 and b.dim() == 2:
-        return (m, n)
-    batch = max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1)
-    return (batch, m, n)
+def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_dtype, out, stream, kernel):
+    out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+    key = ("scaled", a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.get_device(), b.get_device(),
+           None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()), kernel, out_dtype,
+           _scale_signature(scale_a), _scale_signature(scale_b))
+    plan = bundle._plans.get(key)
+    if plan is None:
+        plan = bundle.plan(describe(a, "a"), describe(b, "b"), None if out is None else describe(out, "out"),
+                           kernel, torch_dtype_token(out_dtype), allow_split=True)
+        for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
+            _check_scale(name, scale, plan.problem.device)
+        bundle.remember(key, plan)
+    if out is None:
+        out = _allocate(plan.problem.out_shape, plan.problem.k, out_dtype, a.device)
+    if plan.block is None:
+        if plan.problem.k == 0:
+            out.zero_()
+        return out
+    if plan.split > 1:
+        return _split_k(bundle, plan, a, b, out, stream, scale_a.data_ptr(), scale_b.data_ptr())
+    bundle.launch(plan, a.data_ptr(), b.data_ptr(), out.data_ptr(), _stream_handle(stream, plan.problem.device),
+                  scale_a.data_ptr(), scale_b.data_ptr())
+    return out
 
 
-# torch.library operators, so torch.compile records one node per GEMM (with a
-# shape-only fake implementation for tracing) instead of tracing into ctypes.
+def _split_k(bundle, plan, a, b, out, stream, scale_a: int = 0, scale_b: int = 0):
+    """Launch the plan's K slices into an fp32 workspace, then add the planes in order into ``out``."""
+    device = plan.problem.device
+    with _on_stream(stream, device):
+        run = plan.run
+        work = torch.empty(run.out_shape, dtype=torch.float32, device=out.device)
+        bundle.launch(plan, a.data_ptr(), b.data_ptr(), work.data_ptr(), current_stream(device), scale_a, scale_b)
+        # One kernel: fp32 sums over the planes, rounded once into out's dtype.
+        torch.sum(work[..., :run.n], dim=0, out=out if out.dim() == 2 else out[0])
+    return out
+
+
+# -- the operators ---------------------------------------------------------------------------------
+
+
+def _fake_result(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
+    shape, k = result_shape(tuple(a.shape), tuple(b.shape))
+    return _allocate(shape, k, dtype, a.device)
+
+
 @torch.library.custom_op("tilekiln::gemm", mutates_args=())
-def gemm_op(a: torch.Tensor, b: torch.Tensor, bundle_dir: str) -> torch.Tensor:
-    from pathlib import Path
-
-    from tilekiln.discovery import open_bundle
-
-    return gemm(open_bundle(Path(bundle_dir)), a, b, None, None, in_operator=True)
+def gemm_op(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool) -> Tensor:
+    """``a @ b`` on ``bundle``'s kernels; with ``fallback``, through ``torch.matmul`` where none
+    accepts the operands (the backward GEMMs, whose layouts the caller did not choose)."""
+    target = resolve(bundle, a.get_device())
+    if not fallback:
+        return run_gemm(target, a, b, None, None, kernel or None)
+    try:
+        return run_gemm(target, a, b, None, None, None)
+    except (NoKernelError, ValueError, TypeError):  # raised before any launch: no kernel takes these operands
+        return torch.matmul(a, b)
 
 
 @gemm_op.register_fake
-def _gemm_fake(a: torch.Tensor, b: torch.Tensor, bundle_dir: str) -> torch.Tensor:
-    return a.new_empty(result_shape(a, b))
+def _gemm_fake(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool) -> Tensor:
+    return _fake_result(a, b, a.dtype)
+
+
+def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
+    """Reduce a gradient over the batch dimension its input was broadcast along."""
+    if grad.shape == shape:
+        return grad
+    if len(shape) == 2:
+        return grad.sum(0)
+    return grad.sum(0, keepdim=True)
+
+
+def _gemm_setup(ctx, inputs, output) -> None:
+    a, b, bundle, _, _ = inputs
+    ctx.save_for_backward(a if ctx.needs_input_grad[1] else None, b if ctx.needs_input_grad[0] else None)
+    ctx.shapes = (a.shape, b.shape)
+    ctx.bundle = bundle
+
+
+def _gemm_backward(ctx, grad: Tensor):
+    a, b = ctx.saved_tensors
+    a_shape, b_shape = ctx.shapes
+    grad_a = grad_b = None
+    if ctx.needs_input_grad[0]:
+        grad_a = _sum_to(gemm_op(grad, b.mT, ctx.bundle, "", True), a_shape)
+    if ctx.needs_input_grad[1]:
+        if a.dim() == 3 and len(b_shape) == 2:
+            # One B for every batch entry: its gradient is one GEMM over all the rows.
+            grad_b = gemm_op(a.reshape(-1, a.shape[-1]).mT, grad.reshape(-1, grad.shape[-1]), ctx.bundle, "", True)
+        else:
+            grad_b = _sum_to(gemm_op(a.mT, grad, ctx.bundle, "", True), b_shape)
+    return grad_a, grad_b, None, None, None
+
+
+gemm_op.register_autograd(_gemm_backward, setup_context=_gemm_setup)
 
 
 @torch.library.custom_op("tilekiln::gemm_out", mutates_args=("out",))
-def gemm_out_op(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bundle_dir: str) -> None:
-    from pathlib import Path
-
-    from tilekiln.discovery import open_bundle
-
-    gemm(open_bundle(Path(bundle_dir)), a, b, out, None, in_operator=True)
+def gemm_out_op(a: Tensor, b: Tensor, out: Tensor, bundle: str, kernel: str) -> None:
+    run_gemm(resolve(bundle, a.get_device()), a, b, out, None, kernel or None)
 
 
 @gemm_out_op.register_fake
-def _gemm_out_fake(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bundle_dir: str) -> None:
+def _gemm_out_fake(a: Tensor, b: Tensor, out: Tensor, bundle: str, kernel: str) -> None:
     return None
 
 
-def compiled_gemm(bundle, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None):
-    """The path taken while torch.compile traces: call the registered operator."""
-    directory = str(bundle.directory)
-    if out is None:
-        return gemm_op(a, b, directory)
-    gemm_out_op(a, b, out, directory)
-    return out
+@torch.library.custom_op("tilekiln::scaled_gemm", mutates_args=())
+def scaled_gemm_op(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out_dtype: torch.dtype | None,
+                   bundle: str, kernel: str) -> Tensor:
+    return run_scaled_gemm(resolve(bundle, a.get_device()), a, b, scale_a, scale_b, out_dtype, None, None,
+                           kernel or None)
+
+
+@scaled_gemm_op.register_fake
+def _scaled_gemm_fake(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out_dtype: torch.dtype | None,
+                      bundle: str, kernel: str) -> Tensor:
+    return _fake_result(a, b, torch.bfloat16 if out_dtype is None else out_dtype)
+
+
+@torch.library.custom_op("tilekiln::scaled_gemm_out", mutates_args=("out",))
+def scaled_gemm_out_op(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out: Tensor, bundle: str,
+                       kernel: str) -> None:
+    run_scaled_gemm(resolve(bundle, a.get_device()), a, b, scale_a, scale_b, out.dtype, out, None,
+                    kernel or None)
+
+
+@scaled_gemm_out_op.register_fake
+def _scaled_gemm_out_fake(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out: Tensor, bundle: str,
+                          kernel: str) -> None:
+    return None

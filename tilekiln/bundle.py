@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from tilekiln import _native
 from tilekiln._native import NativeLibrary
-from tilekiln._tensors import Operand, describe, is_torch_tensor
+from tilekiln._tensors import Operand, contiguous_strides, describe, is_torch_tensor, transposed
 from tilekiln.compat import arch_runs_on, wrong_device
 from tilekiln.errors import BundleError, LaunchError, NoKernelError
 from tilekiln.manifest import KernelInfo, Manifest, read_manifest
@@ -58,7 +58,8 @@ PLAN_CACHE_LIMIT = 16384
 _torch_path = None
 
 
-def _load_torch_path():
+def torch_path():
+    """tilekiln._torch, imported (with torch, and its operators registered) on first use."""
     global _torch_path
     from tilekiln import _torch
 
@@ -84,6 +85,7 @@ class Bundle:
                  cluster_query: ClusterQuery | None = None):
         self.directory = directory
         self.manifest = manifest
+        self.ref = str(directory)  # how the torch operators name this bundle (tilekiln/_torch.py)
         self._device_query = device_query or self._query_device
         if cluster_query is None:
             cluster_query = self._query_clusters if device_query is None else self._nominal_clusters
@@ -264,14 +266,35 @@ class Bundle:
         return choose(kernels, problem, self.device(device).sm_count, self._tuning, splits,
                       lambda k: self.resident_clusters(k, device))
 
-    def explain(self, a, b, out=None, out_dtype: str | None = None) -> Choice:
+    def explain(self, a, b, out=None, out_dtype: str | None = None, backward: bool | None = None) -> Choice:
         """Which kernel would run for these operands, and why each other one would not.
 
         ``out_dtype`` (a dtype token such as ``"bf16"``) explains a scaled fp8 GEMM.
+        ``backward`` adds what the two GEMMs of the gradient (dA = dC·Bᵀ, dB = Aᵀ·dC,
+        for a contiguous dC) run on; by default when ``a`` or ``b`` requires grad.
         """
         a_op, b_op = describe(a, "a"), describe(b, "b")
         problem = make_problem(a_op, b_op, describe(out, "out") if out is not None else None, out_dtype)
-        return self.choose(problem, allow_split=is_torch_tensor(a) and is_torch_tensor(b))
+        choice = self.choose(problem, allow_split=is_torch_tensor(a) and is_torch_tensor(b))
+        if backward is None:
+            backward = any(getattr(t, "requires_grad", False) for t in (a, b))
+        if not backward or out_dtype is not None:
+            return choice
+        return replace(choice, notes=self._explain_backward(a_op, b_op, problem))
+
+    def _explain_backward(self, a: Operand, b: Operand, problem: GemmProblem) -> tuple[str, ...]:
+        grad = Operand("grad", problem.out_shape, contiguous_strides(problem.out_shape), problem.out_dtype, 0,
+                       problem.device, None)
+        lines = []
+        for what, x, y in (("dA = dC·Bᵀ", grad, transposed(b)), ("dB = Aᵀ·dC", transposed(a), grad)):
+            try:
+                choice = self.choose(make_problem(x, y, None), allow_split=True)
+                runs_on = (f"{choice.label} ({choice.how})" if choice.kernel is not None else
+                           "torch.matmul (no kernel of the bundle accepts it)")
+            except (ValueError, TypeError) as exc:
+                runs_on = f"torch.matmul ({exc})"
+            lines.append(f"backward {what}: {runs_on}")
+        return tuple(lines)
 
     # -- running -------------------------------------------------------------------------------
 
@@ -285,7 +308,7 @@ class Bundle:
         if fast is not None and isinstance(a, fast.Tensor) and isinstance(b, fast.Tensor):
             return fast.gemm(self, a, b, out, stream, kernel)
         if is_torch_tensor(a) and is_torch_tensor(b):
-            return _load_torch_path().gemm(self, a, b, out, stream, kernel)
+            return torch_path().gemm(self, a, b, out, stream, kernel)
         return self._generic_gemm(a, b, out, stream, kernel)
 
     def scaled_gemm(self, a, b, scale_a, scale_b, *, out_dtype=None, out=None, stream=None,
@@ -295,11 +318,10 @@ class Bundle:
         ``scale_a``/``scale_b`` are one-element float32 tensors on the inputs'
         device (per-tensor scales); ``out_dtype`` defaults to bfloat16.
         """
-        from tilekiln import _torch
-
         if not (is_torch_tensor(a) and is_torch_tensor(b)):
-            raise TypeError("scaled_gemm takes torch tensors")
-        return _torch.torch_scaled_gemm(self, a, b, scale_a, scale_b, out_dtype, out, stream, kernel)
+            raise TypeError("scaled_gemm takes torch tensors (a and b); the operands given are "
+                            f"{type(a).__name__} and {type(b).__name__}")
+        return torch_path().scaled_gemm(self, a, b, scale_a, scale_b, out_dtype, out, stream, kernel)
 
     def launch(self, plan: Plan, pa: int, pb: int, pc: int, stream: int, scale_a: int = 0,
                scale_b: int = 0) -> None:
@@ -321,9 +343,8 @@ class Bundle:
             if "torch" in sys.modules:
                 import torch
 
-                return _load_torch_path().gemm(self, torch.as_tensor(a, device=f"cuda:{a_op.device}"),
-                                               torch.as_tensor(b, device=f"cuda:{b_op.device}"), None, stream,
-                                               kernel)
+                return torch_path().gemm(self, torch.as_tensor(a, device=f"cuda:{a_op.device}"),
+                                         torch.as_tensor(b, device=f"cuda:{b_op.device}"), None, stream, kernel)
             raise TypeError("out: pass an output array when the inputs are not torch tensors "
                             "(tilekiln allocates results only through torch)")
         if plan.block is None:

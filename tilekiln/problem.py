@@ -62,12 +62,6 @@ class GemmProblem:
         return 2 * self.m * self.n * self.k * self.batch
 
 
-def _check_rank(op: Operand) -> None:
-    if len(op.shape) not in (2, 3):
-        raise ValueError(f"{op.name}: expected a 2-D or 3-D tensor, got shape {list(op.shape)} "
-                         f"({len(op.shape)}-D); tilekiln.gemm follows torch.matmul for 2-D and batched 3-D inputs")
-
-
 # A row stride that is never used (the matrix has one row) still reaches the
 # TMA descriptor; this value is a multiple of 16 bytes for every element size.
 _UNUSED_STRIDE_ALIGN = 16
@@ -95,13 +89,49 @@ def _matrix_layout(op: Operand, rows: int, cols: int, row_major: str, col_major:
 
 
 SCALED_INPUTS = ("e4m3", "e5m2")
-_ITEMSIZE = {"bf16": 2, "f16": 2, "f32": 4, "e4m3": 1, "e5m2": 1, "i8": 1, "u8": 1, "i32": 4}
+ITEMSIZE = {"bf16": 2, "f16": 2, "f32": 4, "e4m3": 1, "e5m2": 1, "i8": 1, "u8": 1, "i32": 4}
+
+
+def padded_lead(n: int, itemsize: int) -> int:
+    """Row stride (elements) of a result tilekiln allocates: N rounded up so that every row
+    starts on a 16-byte boundary, which TMA stores need."""
+    return -(-n * itemsize // _UNUSED_STRIDE_ALIGN) * _UNUSED_STRIDE_ALIGN // itemsize
+
+
+def result_strides(shape: tuple[int, ...], k: int, itemsize: int) -> tuple[int, ...]:
+    """Strides of the result tilekiln allocates for ``shape`` (torch.matmul's result shape):
+    contiguous, except that rows are padded to :func:`padded_lead` when there is anything to
+    compute, so a result whose N * itemsize is not a multiple of 16 bytes is a view with
+    strides (lead, 1). The eager path and the torch.compile fakes both allocate through this."""
+    m, n = shape[-2], shape[-1]
+    lead = n if 0 in shape or k == 0 else padded_lead(n, itemsize)
+    return (m * lead, lead, 1) if len(shape) == 3 else (lead, 1)
+
+
+def result_shape(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+    """torch.matmul's result shape for a 2-D or 3-D ``a`` and ``b``, and K; raises ``ValueError``
+    naming the argument when they do not multiply or their batches do not broadcast."""
+    for name, shape in (("a", a_shape), ("b", b_shape)):
+        if len(shape) not in (2, 3):
+            raise ValueError(f"{name}: expected a 2-D or 3-D tensor, got shape {list(shape)} ({len(shape)}-D); "
+                             "tilekiln.gemm follows torch.matmul for 2-D and batched 3-D inputs")
+    m, k = a_shape[-2], a_shape[-1]
+    k2, n = b_shape[-2], b_shape[-1]
+    if k != k2:
+        raise ValueError(f"a and b shapes cannot be multiplied: a is {list(a_shape)} and b is {list(b_shape)} "
+                         f"(a's last dimension {k} must equal b's second-to-last {k2})")
+    la = a_shape[0] if len(a_shape) == 3 else None
+    lb = b_shape[0] if len(b_shape) == 3 else None
+    if la is not None and lb is not None and la != lb and 1 not in (la, lb):
+        raise ValueError(f"batch dimensions do not broadcast: a has {la} and b has {lb}")
+    if la is None and lb is None:
+        return (m, n), k
+    return (max(la or 1, lb or 1), m, n), k
 
 
 def make_problem(a: Operand, b: Operand, out: Operand | None, out_dtype: str | None = None) -> GemmProblem:
     """``out_dtype`` None: torch.matmul (same dtype in and out); else a scaled fp8 GEMM."""
-    _check_rank(a)
-    _check_rank(b)
+    out_shape, k = result_shape(a.shape, b.shape)
     if out_dtype is None:
         if a.dtype != b.dtype:
             raise TypeError(f"a and b must have the same dtype, got a {a.dtype} and b {b.dtype}")
@@ -116,18 +146,10 @@ def make_problem(a: Operand, b: Operand, out: Operand | None, out_dtype: str | N
         raise ValueError(f"{which}: tensor is in host memory; tilekiln runs on CUDA devices, move it with .cuda()")
     if a.device != b.device:
         raise ValueError(f"a is on cuda:{a.device} but b is on cuda:{b.device}; both must be on the same device")
-    m, k = a.shape[-2], a.shape[-1]
-    k2, n = b.shape[-2], b.shape[-1]
-    if k != k2:
-        raise ValueError(f"a and b shapes cannot be multiplied: a is {list(a.shape)} and b is {list(b.shape)} "
-                         f"(a's last dimension {k} must equal b's second-to-last {k2})")
+    m, n = out_shape[-2], out_shape[-1]
     la = a.shape[0] if len(a.shape) == 3 else None
     lb = b.shape[0] if len(b.shape) == 3 else None
-    if la is not None and lb is not None and la != lb and 1 not in (la, lb):
-        raise ValueError(f"batch dimensions do not broadcast: a has {la} and b has {lb}")
-    batch = max(la or 1, lb or 1)
-    batched = la is not None or lb is not None
-    out_shape = (batch, m, n) if batched else (m, n)
+    batch = out_shape[0] if len(out_shape) == 3 else 1
     for name, v in (("M", m), ("N", n), ("K", k), ("batch", batch)):
         if v > MAX_EXTENT:
             raise ValueError(f"{name} = {v} exceeds the kernels' 32-bit index range ({MAX_EXTENT})")
@@ -147,7 +169,7 @@ def make_problem(a: Operand, b: Operand, out: Operand | None, out_dtype: str | N
     if out is None:
         # Rows of a result we allocate start on 16-byte boundaries (TMA); when N
         # is not a multiple of that, the result is a view of a padded buffer.
-        lead = -(-n * _ITEMSIZE[out_dtype] // 16) * 16 // _ITEMSIZE[out_dtype]
+        lead = padded_lead(n, ITEMSIZE[out_dtype])
         lc_op = Layout2("n", lead, m * lead)
     else:
         lc_op = _check_out(out, a, out_shape, out_dtype)

@@ -62,6 +62,7 @@ class Choice:
     candidates: tuple[Candidate, ...]
     split: int = 1
     run: GemmProblem | None = None
+    notes: tuple[str, ...] = ()  # further lines for explain, such as what the backward GEMMs run on
 
     @property
     def label(self) -> str:
@@ -73,7 +74,7 @@ class Choice:
             mark = "accept" if c.accepted else "reject"
             est = f" estimate {c.estimate:.3g}" if c.accepted else ""
             lines.append(f"  {mark} {c.label}:{est} {c.reason}")
-        return "\n".join(lines)
+        return "\n".join([*lines, *self.notes])
 
 
 def bucket_ceiling(v: int) -> int:

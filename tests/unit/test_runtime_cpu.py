@@ -227,6 +227,22 @@ def test_tuning_table_overrides_the_model_when_the_kernel_fits():
     assert choose(KERNELS, p, 132, {bucket: KERNELS[4].id}).kernel.id == KERNELS[1].id
 
 
+def test_explain_says_what_the_backward_gemms_run_on(tmp_path):
+    """dA = dC·Bᵀ and dB = Aᵀ·dC for a contiguous dC: a kernel where one takes the layout,
+    torch.matmul (and why) where none does."""
+    kernels = (*KERNELS, kernel(6, (128, 128, 64), b="n"), kernel(7, (128, 128, 64), a="m", b="n"))
+    manifest = Manifest("sm90a", "0.1.0", "sm_90a", "a", (9, 0), ABI_VERSION, "lib/lib.so", kernels, (), (), {})
+    bundle = Bundle(tmp_path, manifest, device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+    a, w = op("a", (256, 512)), op("w", (512, 384), (1, 512))
+    lines = bundle._explain_backward(a, w, make_problem(a, w, None))
+    assert [line.split(":")[0] for line in lines] == ["backward dA = dC·Bᵀ", "backward dB = Aᵀ·dC"]
+    assert lines[0].endswith(f"{kernels[6].id} (model)") and lines[1].endswith(f"{kernels[7].id} (model)"), lines
+    # N = 100 bf16: dC's 200-byte rows cannot be read by TMA
+    a, w = op("a", (256, 512)), op("w", (512, 100))
+    da, db = bundle._explain_backward(a, w, make_problem(a, w, None))
+    assert "torch.matmul" in da and "torch.matmul" in db, (da, db)
+
+
 def test_explain_lists_choice_and_rejections():
     text = str(choose(KERNELS, tn(1024, 1024, 1024), 132, {}))
     assert text.startswith("chosen: ")

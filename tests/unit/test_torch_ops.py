@@ -1,0 +1,176 @@
+"""The torch operators without a GPU: fake tensors trace through torch.compile and autograd.
+
+torch's FakeTensorMode makes CUDA tensors that have shapes, strides and a
+device but no memory, so every entry point can be traced with
+``fullgraph=True`` on a CPU-only machine; the operators' fakes run instead of
+the kernels. A CPU-only torch cannot record autograd for CUDA tensors, even
+fake ones (it aborts), so the gradient tests use "meta" tensors, for which the
+operators' fakes also stand in. The GPU tests (tests/gpu/test_torch_semantics.py)
+run the same functions for real and compare values and strides.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import tilekiln
+from tilekiln.bundle import Bundle, DeviceInfo
+from tilekiln.manifest import ABI_VERSION, Manifest
+
+BF16, E4M3 = torch.bfloat16, torch.float8_e4m3fn
+
+
+@pytest.fixture
+def bundle(tmp_path: Path) -> Bundle:
+    """A bundle object for the operators to name; tracing never opens its library."""
+    manifest = Manifest("sm90a", "0.1.0", "sm_90a", "a", (9, 0), ABI_VERSION, "lib/lib.so", (), (), (), {})
+    return Bundle(tmp_path, manifest, device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+
+
+class Graphs:
+    """A torch.compile backend that records the operators of every graph it is given, then runs it."""
+
+    def __init__(self):
+        self.ops: list[str] = []
+
+    def __call__(self, gm, example_inputs):
+        self.ops += [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+        return gm.forward
+
+
+def traced(fn, *args):
+    """Compile ``fn`` with fullgraph=True (a graph break fails) and run it on fake CUDA tensors."""
+    torch._dynamo.reset()  # each call compiles afresh, not as a recompile of the last one
+    graphs = Graphs()
+    return torch.compile(fn, fullgraph=True, backend=graphs)(*args), graphs.ops
+
+
+@pytest.fixture
+def fake():
+    with FakeTensorMode() as mode:
+        yield mode
+
+
+def cuda(*shape, dtype=BF16):
+    return torch.empty(shape, dtype=dtype, device="cuda")
+
+
+def meta(*shape, dtype=BF16, requires_grad=False):
+    return torch.empty(shape, dtype=dtype, device="meta", requires_grad=requires_grad)
+
+
+def test_every_entry_point_is_one_graph_node(fake, bundle):
+    a, w = cuda(64, 32), cuda(96, 32)
+    a8, w8, one = cuda(64, 32, dtype=E4M3), cuda(96, 32, dtype=E4M3), cuda(1, dtype=torch.float32)
+    out, out8 = cuda(64, 96), cuda(64, 96)
+    calls = {
+        "tilekiln.gemm, default bundle": (lambda: tilekiln.gemm(a, w.t()), "tilekiln.gemm.default"),
+        "tilekiln.gemm, bundle object": (lambda: tilekiln.gemm(a, w.t(), bundle=bundle), "tilekiln.gemm.default"),
+        "tilekiln.gemm, bundle name": (lambda: tilekiln.gemm(a, w.t(), bundle="sm90a"), "tilekiln.gemm.default"),
+        "Bundle.gemm": (lambda: bundle.gemm(a, w.t()), "tilekiln.gemm.default"),
+        "tilekiln.gemm, out=": (lambda: tilekiln.gemm(a, w.t(), out=out), "tilekiln.gemm_out.default"),
+        "Bundle.gemm, out=": (lambda: bundle.gemm(a, w.t(), out), "tilekiln.gemm_out.default"),
+        "tilekiln.scaled_gemm": (lambda: tilekiln.scaled_gemm(a8, w8.t(), one, one), "tilekiln.scaled_gemm.default"),
+        "Bundle.scaled_gemm": (lambda: bundle.scaled_gemm(a8, w8.t(), one, one), "tilekiln.scaled_gemm.default"),
+        "tilekiln.scaled_gemm, out=": (lambda: tilekiln.scaled_gemm(a8, w8.t(), one, one, out=out8),
+                                       "tilekiln.scaled_gemm_out.default"),
+    }
+    for what, (call, op) in calls.items():
+        result, ops = traced(lambda: torch.relu(call()))
+        assert op in ops, f"{what}: {ops}"
+        assert result.shape == (64, 96) and result.device.type == "cuda", what
+
+
+@pytest.mark.parametrize("a_shape, b_shape, dtype, shape, strides", [
+    ((64, 32), (32, 100), BF16, (64, 100), (104, 1)),  # 200-byte rows padded to 208
+    ((64, 32), (32, 96), BF16, (64, 96), (96, 1)),
+    ((3, 64, 32), (32, 100), BF16, (3, 64, 100), (64 * 104, 104, 1)),
+    ((64, 32), (5, 32, 10), torch.float32, (5, 64, 10), (64 * 12, 12, 1)),
+    ((64, 0), (0, 100), BF16, (64, 100), (100, 1)),  # K = 0: zeros, nothing padded
+    ((0, 32), (32, 100), BF16, (0, 100), (100, 1)),
+])
+def test_fakes_have_the_real_results_strides(fake, bundle, a_shape, b_shape, dtype, shape, strides):
+    """The eager path allocates N-padded rows for TMA; a fake with other strides would let
+    inductor compile code for a layout the real call does not return."""
+    result, _ = traced(lambda a, b: tilekiln.gemm(a, b, bundle=bundle), cuda(*a_shape, dtype=dtype),
+                       cuda(*b_shape, dtype=dtype))
+    assert (tuple(result.shape), result.stride()) == (shape, strides)
+
+
+def test_scaled_fake_takes_the_output_dtype(fake, bundle):
+    a8, b8, one = cuda(64, 32, dtype=E4M3), cuda(32, 100, dtype=E4M3), cuda(1, dtype=torch.float32)
+    for out_dtype, strides in ((None, (104, 1)), (torch.float32, (100, 1))):
+        result, _ = traced(lambda: bundle.scaled_gemm(a8, b8, one, one, out_dtype=out_dtype))
+        assert result.dtype == (out_dtype or BF16) and result.stride() == strides
+
+
+def test_a_traced_call_refuses_shapes_that_do_not_multiply(fake, bundle):
+    with pytest.raises(Exception, match="cannot be multiplied"):
+        traced(lambda a, b: tilekiln.gemm(a, b, bundle=bundle), cuda(64, 32), cuda(48, 16))
+
+
+class OpLog(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[str, tuple]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "tilekiln":
+            self.calls.append((func.__name__, args[4] if len(args) > 4 else None))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [
+    ((64, 32), (32, 96)),
+    ((4, 64, 32), (32, 96)),  # dB is one GEMM over all rows
+    ((64, 32), (4, 32, 96)),  # dA is reduced over the broadcast batch
+    ((1, 64, 32), (4, 32, 96)),
+    ((4, 64, 32), (4, 32, 96)),
+])
+def test_gradients_flow_through_the_tilekiln_operator(bundle, a_shape, b_shape):
+    a, b = meta(*a_shape, requires_grad=True), meta(*b_shape, requires_grad=True)
+    with OpLog() as log:
+        c = tilekiln.gemm(a, b, bundle=bundle)
+        c.sum().backward()
+    assert a.grad.shape == a.shape and b.grad.shape == b.shape
+    # the forward call, then dA and dB with torch.matmul as their fallback
+    assert log.calls == [("gemm.default", False), ("gemm.default", True), ("gemm.default", True)]
+
+
+def test_only_the_needed_gradient_is_computed(bundle):
+    a, w = meta(64, 32, requires_grad=True), meta(96, 32)
+    with OpLog() as log:
+        tilekiln.gemm(a, w.t(), bundle=bundle).sum().backward()
+    assert a.grad.shape == a.shape and len(log.calls) == 2
+
+
+def test_out_with_grad_and_scaled_gradients_are_refused_like_torch(bundle):
+    a, w = meta(64, 32, requires_grad=True), meta(96, 32)
+    with pytest.raises(RuntimeError, match="out=... arguments don't support automatic differentiation"):
+        tilekiln.gemm(a, w.t(), out=meta(64, 96), bundle=bundle)
+    a8 = meta(64, 32, dtype=torch.float32, requires_grad=True).to(E4M3)
+    one = meta(1, dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="scaled_gemm is not differentiable"):
+        bundle.scaled_gemm(a8, meta(32, 96, dtype=E4M3), one, one)
+    # without grad mode the call takes the eager path, which runs only on CUDA memory
+    with torch.no_grad(), pytest.raises(ValueError, match="a: tensor is in host memory"):
+        tilekiln.gemm(a, w.t(), out=meta(64, 96), bundle=bundle)
+
+
+def test_a_compiled_training_step_records_the_backward_gemms(bundle):
+    a, w = meta(64, 32, requires_grad=True), meta(96, 32, requires_grad=True)
+
+    def step(a, w):
+        loss = torch.relu(tilekiln.gemm(a, w.t(), bundle=bundle)).float().square().mean()
+        loss.backward()
+        return loss
+
+    graphs = Graphs()
+    torch.compile(step, backend=graphs)(a, w)
+    assert a.grad.shape == a.shape and w.grad.shape == w.shape
+    assert graphs.ops.count("tilekiln.gemm.default") >= 1
