@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import tilekiln
 from builder import __version__
 from builder.bundle import bundle_name, library_name
-from builder.toolchain import toolchain
+from builder.toolchain import driver_floor, toolchain
 from builder.tuning import read_tuning
 from tilekiln.manifest import ABI_VERSION
 from tilekiln.splitk import parse_label
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 # Major: a change a reader of the previous major cannot ignore (a field removed,
 # renamed or given a new meaning). Minor: fields added that old readers skip.
-MANIFEST_SCHEMA_VERSION = "1.2"
+MANIFEST_SCHEMA_VERSION = "1.3"
 
 
 def runtime_requirement(runtime_version: str) -> str:
@@ -48,13 +48,14 @@ def runtime_requirement(runtime_version: str) -> str:
 def make_manifest(arch: str, records: list[KernelRecord], validation: Validation, root: Path) -> dict:
     """The manifest of one bundle (without ``files`` and ``integrity``, which the writer adds)."""
     target = records[0].ctx.facts.target(arch)
-    tools = toolchain()
+    tools, floor = toolchain(), driver_floor()
     return {
         "schema_version": MANIFEST_SCHEMA_VERSION,
         "bundle": {"name": bundle_name(arch), "version": validation.catalog.settings.version,
                    "arch": arch, "arch_kind": target.kind,
                    "compute_capability": list(target.compute_capability), "abi_version": ABI_VERSION,
-                   "runtime_requires": runtime_requirement(tilekiln.__version__)},
+                   "runtime_requires": runtime_requirement(tilekiln.__version__),
+                   "driver_requires": {"cuda_version": floor.cuda_version, "linux_driver": floor.linux_driver}},
         "library": f"lib/{library_name(bundle_name(arch))}",
         "toolchain": {"builder": __version__, **dict(tools.versions), "cc": tools.cc_version},
         "provenance": {"git_commit": git_commit(root),

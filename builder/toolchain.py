@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata as md
+import re
 import shutil
 import sys
 import subprocess
@@ -36,6 +37,11 @@ FINGERPRINT_DISTRIBUTIONS = (
 INSPECTOR_DISTRIBUTIONS = ("nvidia-cuda-cuobjdump", "nvidia-cuda-nvdisasm")
 
 HOST_TARGET = "llvm -mtriple=x86_64-unknown-linux-gnu"
+
+# The oldest Linux driver of each CUDA major release (CUDA Toolkit release notes, "CUDA Toolkit
+# and Corresponding Driver Versions"). Minor-version compatibility lets every driver of a major
+# release run a static runtime of that major, so a bundle needs the floor of its runtime's major.
+LINUX_DRIVER_FLOOR = {12: "525.60.13", 13: "580.65.06"}
 
 
 class ToolchainError(RuntimeError):
@@ -110,6 +116,29 @@ def cuda_binutils() -> Path:
         if not (bin_dir / name).exists():
             raise ToolchainError(f"{name} not found under {bin_dir}; install the {wheel} wheel")
     return bin_dir
+
+
+@dataclass(frozen=True)
+class DriverFloor:
+    """The oldest driver a bundle's static CUDA runtime runs on."""
+
+    cuda_version: int  # as cudaDriverGetVersion reports it: 1000 * major + 10 * minor
+    linux_driver: str
+
+
+@lru_cache(maxsize=1)
+def driver_floor() -> DriverFloor:
+    """Read from the linked runtime's own header (``CUDART_VERSION``), not from a wheel version."""
+    header = _nvidia_dir() / "include" / "cuda_runtime_api.h"
+    match = re.search(r"^#define CUDART_VERSION\s+(\d+)\s*$", header.read_text(errors="replace"), re.MULTILINE)
+    if match is None:
+        raise ToolchainError(f"{header} does not define CUDART_VERSION; reinstall nvidia-cuda-runtime")
+    major = int(match.group(1)) // 1000
+    if major not in LINUX_DRIVER_FLOOR:
+        raise ToolchainError(f"the CUDA runtime is version {match.group(1)}, and builder/toolchain.py's "
+                             f"LINUX_DRIVER_FLOOR does not know the driver floor of CUDA {major}; add it "
+                             "from the CUDA release notes")
+    return DriverFloor(1000 * major, LINUX_DRIVER_FLOOR[major])
 
 
 @lru_cache(maxsize=1)

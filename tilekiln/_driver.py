@@ -36,6 +36,19 @@ def _lib():
         return _cuda
 
 
+def driver_version() -> int | None:
+    """cuDriverGetVersion: the newest CUDA version the installed driver supports (13000 for
+    CUDA 13.0); None on a machine without the driver. Needs no GPU and no cuInit."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    version = ctypes.c_int(0)
+    if lib.cuDriverGetVersion(ctypes.byref(version)) != 0:
+        return None
+    return version.value
+
+
 def pointer_device(ptr: int) -> int:
     """CUDA ordinal of the device that owns ``ptr``; -1 for host memory."""
     value = ctypes.c_int(-1)

@@ -21,7 +21,7 @@ from typing import Callable
 from tilekiln import _native
 from tilekiln._native import NativeLibrary
 from tilekiln._tensors import Operand, contiguous_strides, describe, is_torch_tensor, transposed
-from tilekiln.compat import arch_runs_on, wrong_device
+from tilekiln.compat import arch_runs_on, require_driver, wrong_device
 from tilekiln.errors import BundleError, LaunchError, NoKernelError
 from tilekiln.manifest import KernelInfo, Manifest, read_manifest
 from tilekiln.problem import GemmProblem, make_problem
@@ -101,8 +101,13 @@ class Bundle:
 
     @classmethod
     def open(cls, directory: Path, device_query: DeviceQuery | None = None) -> "Bundle":
-        """Verify every file of the bundle in ``directory`` (nothing is opened before that)."""
-        return cls(directory, read_manifest(directory), device_query)
+        """Verify every file of the bundle in ``directory`` and that the installed driver can run
+        its CUDA runtime (nothing is opened before that)."""
+        from tilekiln._driver import driver_version
+
+        manifest = read_manifest(directory)
+        require_driver(manifest.name, manifest.driver_requires, driver_version())
+        return cls(directory, manifest, device_query)
 
     def __repr__(self) -> str:
         return f"<tilekiln bundle {self.name} {self.version} ({self.arch}, {len(self.kernels)} kernels)>"

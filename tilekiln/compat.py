@@ -64,3 +64,25 @@ def wrong_device(bundle: str, arch: str, arch_kind: str, target: tuple[int, int]
         f"bundle {bundle} holds {arch} code, which runs {runs_on_rule(arch_kind, target)}; "
         f"cuda:{ordinal} is compute capability {device[0]}.{device[1]} and needs a bundle for "
         f"{device_needs(device)}. {installed}")
+
+
+def cuda_version_text(version: int) -> str:
+    """13000 -> "13.0" (cudaDriverGetVersion's encoding: 1000 * major + 10 * minor)."""
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+def require_driver(bundle: str, requires: dict | None, installed: int | None) -> None:
+    """Refuse a driver older than the bundle's static CUDA runtime needs.
+
+    ``requires`` is the manifest's ``bundle.driver_requires`` (absent before schema 1.3: no
+    check); ``installed`` is cuDriverGetVersion, None where no driver is installed (nothing
+    can run there, and loading for inspection is allowed)."""
+    if not requires or installed is None or installed == 0:
+        return
+    needed = int(requires["cuda_version"])
+    if installed < needed:
+        raise BundleCompatibilityError(
+            f"bundle {bundle} links the CUDA {cuda_version_text(needed)} runtime, which needs an NVIDIA driver "
+            f"for CUDA {cuda_version_text(needed)} or newer (on Linux, driver {requires['linux_driver']} or "
+            f"newer); this machine's driver supports CUDA {cuda_version_text(installed)} "
+            f"(cuDriverGetVersion {installed}). Update the NVIDIA driver to {requires['linux_driver']} or newer.")

@@ -75,6 +75,11 @@ class Manifest:
     tuning: tuple[tuple[str, str], ...]  # (shape bucket, choice label), measured by `tilekiln tune`
     raw: dict
 
+    @property
+    def driver_requires(self) -> dict | None:
+        """``{"cuda_version": 13000, "linux_driver": "580.65.06"}``; None before schema 1.3."""
+        return self.raw.get("bundle", {}).get("driver_requires")
+
     def kernel(self, kernel_id: str) -> KernelInfo:
         for k in self.kernels:
             if k.id == kernel_id:

@@ -23,6 +23,8 @@ def test_bundle_has_both_kernels(small_build):
     assert ids == sorted(["gemm_sm90_bf16_bf16_f32_bf16_tn_128x128x64_c1x1",
                           "gemm_sm90_bf16_bf16_f32_bf16_tn_64x128x64_c1x2"])
     assert manifest["bundle"]["arch"] == "sm_90a" and manifest["bundle"]["name"] == "sm90a"
+    # the floor of the linked static runtime (nvidia-cuda-runtime 13.0.x), read from its header
+    assert manifest["bundle"]["driver_requires"] == {"cuda_version": 13000, "linux_driver": "580.65.06"}
     for k in manifest["kernels"]:
         assert k["resources"]["sass"]["HGMMA"] > 0, "the WGMMA mainloop must compile to HGMMA"
         assert not k["resources"]["spills"]

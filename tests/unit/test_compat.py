@@ -163,3 +163,25 @@ def test_manifest_must_hash_the_library_and_stay_inside_the_bundle(tmp_path, fil
     with pytest.raises(BundleIntegrityError, match=problem) as info:
         Bundle.open(directory)
     assert info.value.file == "manifest.json"
+
+
+FLOOR = {"cuda_version": 13000, "linux_driver": "580.65.06"}
+
+
+def test_an_older_driver_is_refused_with_both_versions_and_the_fix(tmp_path, monkeypatch):
+    from tilekiln import _driver
+
+    bundle_dir = write_bundle(tmp_path, "sm_90a", "a", (9, 0), schema_version=f"{SUPPORTED_SCHEMA_MAJOR}.3")
+    data = json.loads((bundle_dir / "manifest.json").read_text())
+    data["bundle"]["driver_requires"] = FLOOR
+    data["integrity"] = {"manifest_sha256": manifest_digest(data)}
+    (bundle_dir / "manifest.json").write_text(json.dumps(data))
+    monkeypatch.setattr(_driver, "driver_version", lambda: 12040)
+    with pytest.raises(BundleCompatibilityError) as info:
+        tilekiln.load(bundle_dir)
+    message = str(info.value)
+    assert "links the CUDA 13.0 runtime" in message and "supports CUDA 12.4 (cuDriverGetVersion 12040)" in message
+    assert "Update the NVIDIA driver to 580.65.06 or newer" in message
+    for installed in (13000, 13020, None):  # the floor itself, a newer driver, no driver (inspection only)
+        monkeypatch.setattr(_driver, "driver_version", lambda v=installed: v)
+        assert Bundle.open(bundle_dir).manifest.driver_requires == FLOOR
