@@ -375,3 +375,17 @@ def tune(ctx: click.Context, bundle: str) -> None:
     from tilekiln.tune import main as tune_main
 
     tune_main([bundle, *ctx.args])
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("bundle")
+@click.pass_context
+def verify(ctx: click.Context, bundle: str) -> None:
+    """Run every kernel of BUNDLE on this GPU against a float64 reference and record the result.
+
+    Options after BUNDLE go to `python3 -m tilekiln.verify` (see its --help):
+    --out (commit it as catalog/verification/<bundle>.json), --seed, --only.
+    """
+    from tilekiln.verify import main as verify_main
+
+    verify_main([bundle, *ctx.args])

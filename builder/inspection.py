@@ -41,9 +41,9 @@ def inspect_json(a: Artifact) -> dict:
             "id": k["id"], "dtypes": k["dtypes"], "layout": k["layout"]["code"], "tile": k["tile"],
             "cluster": k["cluster"], "stages": k["stages"], "registers": k["resources"]["registers"],
             "smem_bytes": k["resources"]["smem_bytes"], "spills": k["resources"]["spills"],
-            "cubin_bytes": k["cubin"]["bytes"], "verification": k["verification"],
-            "catalog": k["catalog"], "template": k["template"],
-        } for k in raw["kernels"]],
+            "cubin_bytes": k["cubin"]["bytes"], "verification": info.verification_label,
+            "verified_on": k.get("verified_on", []), "catalog": k["catalog"], "template": k["template"],
+        } for k, info in zip(raw["kernels"], m.kernels)],
         "provenance": {**raw.get("provenance", {}), "toolchain": raw.get("toolchain", {})},
         "tuning": raw.get("tuning"),
         "size": {"files": dict(a.sizes), "total_bytes": a.total_bytes,
@@ -70,12 +70,12 @@ def print_inspect(a: Artifact, console: Console) -> None:
     for col in ("kernel", "dtypes a,b,acc,c", "layout", "tile", "cluster", "regs", "smem B", "cubin B",
                 "verification"):
         table.add_column(col, justify="right" if col in ("regs", "smem B", "cubin B") else "left")
-    for k in raw["kernels"]:
+    for k, info in zip(raw["kernels"], m.kernels):
         d = k["dtypes"]
         table.add_row(k["id"], f"{d['a']},{d['b']},{d['acc']},{d['c']}", k["layout"]["code"],
                       "x".join(map(str, k["tile"])), "x".join(map(str, k["cluster"])),
                       str(k["resources"]["registers"]), str(k["resources"]["smem_bytes"]), str(k["cubin"]["bytes"]),
-                      k["verification"])
+                      info.verification_label)
     _print_table(console, table)
     prov = raw.get("provenance", {})
     console.print("provenance")

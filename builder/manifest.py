@@ -20,6 +20,7 @@ from builder import __version__
 from builder.bundle import bundle_name, library_name
 from builder.toolchain import driver_floor, toolchain
 from builder.tuning import read_tuning
+from builder.verification import VerificationFile, read_verification
 from tilekiln.manifest import ABI_VERSION
 from tilekiln.splitk import parse_label
 
@@ -49,6 +50,7 @@ def make_manifest(arch: str, records: list[KernelRecord], validation: Validation
     """The manifest of one bundle (without ``files`` and ``integrity``, which the writer adds)."""
     target = records[0].ctx.facts.target(arch)
     tools, floor = toolchain(), driver_floor()
+    verification = read_verification(root, bundle_name(arch))
     return {
         "schema_version": MANIFEST_SCHEMA_VERSION,
         "bundle": {"name": bundle_name(arch), "version": validation.catalog.settings.version,
@@ -61,7 +63,7 @@ def make_manifest(arch: str, records: list[KernelRecord], validation: Validation
         "provenance": {"git_commit": git_commit(root),
                        "build_host": f"{platform.machine()}-{platform.system().lower()}",
                        "catalog_files": list(validation.catalog.files)},
-        "kernels": [_kernel(index, r) for index, r in enumerate(records)],
+        "kernels": [_kernel(index, r, verification) for index, r in enumerate(records)],
         **_tuning(root, bundle_name(arch), {r.kernel_id for r in records}),
     }
 
@@ -82,9 +84,11 @@ def _tuning(root: Path, bundle: str, kernel_ids: set[str]) -> dict:
                        "measurements": dict(sorted(measurements.items()))}}
 
 
-def _kernel(index: int, r: KernelRecord) -> dict:
+def _kernel(index: int, r: KernelRecord, verification: VerificationFile | None) -> dict:
     ctx = r.ctx
     cfg, plan = ctx.entry.config, ctx.plan
+    cubin_sha256 = hashlib.sha256(r.cubin).hexdigest()
+    verified_on = verification.verified_on(r.kernel_id, cubin_sha256) if verification else []
     return {
         "index": index,
         "id": r.kernel_id,
@@ -116,13 +120,14 @@ def _kernel(index: int, r: KernelRecord) -> dict:
                       "local_bytes": r.info.local_bytes, "spills": r.info.spills,
                       "sass": dict(r.info.census)},
         "source": {"file": f"sources/{r.kernel_id}.py", "sha256": hashlib.sha256(r.source.encode()).hexdigest()},
-        "cubin": {"file": f"cubins/{r.kernel_id}.cubin", "sha256": hashlib.sha256(r.cubin).hexdigest(),
-                  "bytes": len(r.cubin)},
+        "cubin": {"file": f"cubins/{r.kernel_id}.cubin", "sha256": cubin_sha256, "bytes": len(r.cubin)},
         "symbols": {"prefix": r.entry.prefix, "init": r.entry.init, "load": r.entry.load_to_device,
                     "launch": r.entry.launch},
         "catalog": {"file": ctx.entry.file, "item": ctx.entry.item},
         "template": {"name": ctx.template.name, "sha256": ctx.template.source_sha256},
-        "verification": "compile-verified",
+        # builder/verification.py: a GPU run of exactly this cubin, per card model
+        "verification": "hardware-verified" if verified_on else "compile-verified",
+        "verified_on": verified_on,
     }
 
 

@@ -17,6 +17,7 @@ from builder.facts import FactTable, UnknownPipeline, load_facts
 from builder.rules import RULES, KernelContext, make_context
 from builder.templates import TemplateSet, load_templates
 from builder.tuning import tuned_kernel_ids
+from builder.verification import check_verification_files
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ def validate_project(project: Project, catalog_dir: Path | None = None,
         return Validation(catalog, facts, templates, (), tuple(diagnostics))
     kernels, planned, found = check_catalog(catalog, facts, templates, tuned_kernel_ids(project.root))
     diagnostics.extend(found)
+    diagnostics.extend(check_verification_files(project.root))
     return Validation(catalog, facts, templates, kernels, tuple(diagnostics), planned)
 
 

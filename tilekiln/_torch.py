@@ -38,7 +38,7 @@ from tilekiln._native import CALL
 from tilekiln._tensors import describe, torch_dtype_token
 from tilekiln.bundle import Bundle, raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
-from tilekiln.problem import ITEMSIZE, result_shape, result_strides
+from tilekiln.problem import result_shape, result_strides
 
 Tensor = torch.Tensor
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)

@@ -55,10 +55,16 @@ class KernelInfo:
     swap_ab: bool = False  # the kernel computes C^T = B^T A^T (its arguments stay the problem's)
     raster: str = "m"  # the order CTAs walk the output tiles: along M ("m") or N ("n")
     swizzle: int = 1  # output tiles per band of that walk
+    verified_on: tuple[str, ...] = ()  # card models (SKUs) on which exactly this cubin passed `tilekiln verify`
 
     @property
     def cluster_size(self) -> int:
         return self.cluster[0] * self.cluster[1]
+
+    @property
+    def verification_label(self) -> str:
+        """``hardware-verified on H100 80GB HBM3, H200``, or ``compile-verified`` for code never run on a GPU."""
+        return f"hardware-verified on {', '.join(self.verified_on)}" if self.verified_on else "compile-verified"
 
 
 @dataclass(frozen=True)
@@ -187,6 +193,8 @@ def _parse(data: dict) -> Manifest:
             # Schema 1.1; a 1.0 manifest has no swapped kernels.
             swap_ab=bool(k.get("swap_ab", False)),
             raster=str(k.get("raster", "m")), swizzle=int(k.get("swizzle", 1)),
+            # Schema 1.3; earlier manifests verified nothing on hardware.
+            verified_on=tuple(str(v["sku"]) for v in k.get("verified_on", [])),
         ))
     files = data["files"]
     for relative in files:

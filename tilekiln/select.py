@@ -69,7 +69,8 @@ class Choice:
         return label(self.kernel.id, self.split) if self.kernel else "none"
 
     def __str__(self) -> str:
-        lines = [f"chosen: {self.label} ({self.how})"]
+        lines = [f"chosen: {self.label} ({self.how}; {self.kernel.verification_label})" if self.kernel else
+                 f"chosen: {self.label} ({self.how})"]
         for c in sorted(self.candidates, key=lambda c: (not c.accepted, c.estimate, c.label)):
             mark = "accept" if c.accepted else "reject"
             est = f" estimate {c.estimate:.3g}" if c.accepted else ""

@@ -126,6 +126,39 @@ def test_noop_rebuild_compiles_nothing_and_leaves_the_bundle_alone(small, tmp_pa
     assert json.loads(manifest.read_text())["kernels"][0]["id"] == LARGE_ID
 
 
+def test_verification_records_mark_exactly_the_cubins_they_ran(small, tmp_path):
+    """A record of `tilekiln verify` makes a kernel hardware-verified only while its cubin is the
+    one that ran; a record of another cubin under the same id leaves it compile-verified."""
+    import tilekiln
+
+    project = copy_project(small, tmp_path / "project")
+    built = json.loads((small.bundle / "manifest.json").read_text())["kernels"]
+    record = {"sku": "H100 80GB HBM3", "device": "NVIDIA H100 80GB HBM3", "compute_capability": [9, 0],
+              "driver": "580.159.04", "torch": "2.11.0", "date": "2026-12-06", "seed": 1, "bundle_version": "0.1.0",
+              "kernels": {built[0]["id"]: {"cubin_sha256": built[0]["cubin"]["sha256"], "max_rel_error": 0.003,
+                                           "runs": 6},
+                          built[1]["id"]: {"cubin_sha256": "0" * 64, "max_rel_error": 0.003, "runs": 6}},
+              "failed": []}
+    path = project / "catalog" / "verification" / "sm90a.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"schema": 1, "bundle": "sm90a", "records": [record]}))
+    executor = CountingExecutor()
+    result = run(project, tmp_path / "out", copy_cache(small, tmp_path / "cache"), executor)
+    assert result.ok and executor.compiled == []
+    kernels = json.loads((tmp_path / "out" / "sm90a" / "manifest.json").read_text())["kernels"]
+    assert [k["verification"] for k in kernels] == ["hardware-verified", "compile-verified"]
+    assert kernels[0]["verified_on"] == [{"sku": "H100 80GB HBM3", "date": "2026-12-06", "driver": "580.159.04",
+                                          "max_rel_error": 0.003}]
+    loaded = tilekiln.load(tmp_path / "out" / "sm90a")
+    assert [k.verification_label for k in loaded.kernels] == ["hardware-verified on H100 80GB HBM3",
+                                                              "compile-verified"]
+    path.write_text('{"schema": 1, "bundle": "sm90a", "records": [{"sku": "H100"}]}')
+    with pytest.raises(DiagnosticError) as info:
+        run(project, tmp_path / "out", tmp_path / "cache")
+    assert [d.rule for d in info.value.diagnostics] == ["VERIFICATION-FILE"]
+    assert info.value.diagnostics[0].location.file == "catalog/verification/sm90a.json"
+
+
 def test_editing_one_config_recompiles_exactly_that_kernel(small, tmp_path):
     project = copy_project(small, tmp_path / "project")
     catalog = project / "catalog" / "gemm" / "sm90.yaml"

@@ -6,16 +6,6 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-SHAPES = [  # (batch, M, N, K); tails in every dimension, K not a multiple of the tile
-    (1, 512, 512, 256),
-    (1, 1000, 1032, 520),
-    (1, 1000, 1040, 528),
-    (3, 264, 136, 72),
-    (1, 8, 8, 8),
-    (2, 129, 264, 1000),
-    (1, 4096, 4096, 4096),
-]
-
 
 def _torch():
     import torch
@@ -24,27 +14,6 @@ def _torch():
 
 
 FP8 = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
-
-
-def make_operands(kernel, batch, m, n, k, seed):
-    torch = _torch()
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    if kernel.dtypes[0] in FP8:  # fp8 kernels are K-major only (wgmma reads 8-bit operands K-major)
-        a = torch.randn(batch, m, k, device="cuda", generator=g).to(getattr(torch, FP8[kernel.dtypes[0]]))
-        b = torch.randn(batch, n, k, device="cuda", generator=g).to(getattr(torch, FP8[kernel.dtypes[1]]))
-        return a, b.transpose(1, 2)
-    dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[kernel.dtypes[0]]
-
-    def matrix(rows, cols, contiguous_rows):
-        """(batch, rows, cols); MN-major operands get a 16-byte-padded leading dimension."""
-        if contiguous_rows:
-            return torch.randn(batch, rows, cols, device="cuda", dtype=dtype, generator=g)
-        lead = (rows + 7) // 8 * 8
-        return torch.randn(batch, cols, lead, device="cuda", dtype=dtype, generator=g)[..., :rows].transpose(1, 2)
-
-    a = matrix(m, k, kernel.a_major == "k")
-    b = matrix(k, n, kernel.b_major == "n")
-    return a, b
 
 
 def relative_error(out, a, b):
@@ -61,32 +30,16 @@ def bundle(gpu_bundle_dir):
 
 
 def test_every_kernel_matches_float64_reference(bundle):
+    """tilekiln.verify's runs of every kernel (what `tilekiln verify` records) all pass."""
+    from tilekiln.verify import verify
+
     torch = _torch()
-    failures = []
-    for kernel in bundle.kernels:
-        if kernel.dtypes[3] == "f32":
-            continue  # fp32-partial kernels: test_split_k_and_fp32_results
-        for i, (batch, m, n, k) in enumerate(SHAPES):
-            a, b = make_operands(kernel, batch, m, n, k, seed=1000 * kernel.index + i)
-            if kernel.dtypes[0] in FP8:
-                if batch != 1 or k % 16:
-                    continue  # fp8 rows must be 16-byte multiples; scaled GEMMs are 2-D here
-                a, b = a[0], b[0]
-                sa = torch.tensor([0.5], device="cuda")
-                sb = torch.tensor([0.25], device="cuda")
-                out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-                bundle.scaled_gemm(a, b, sa, sb, out=out, kernel=kernel.id)
-                torch.cuda.synchronize()
-                ref = (a.double() @ b.double()) * 0.125
-                err = ((out.double() - ref).norm() / ref.norm()).item()
-            else:
-                out = torch.full((batch, m, n), float("nan"), device="cuda", dtype=a.dtype)
-                bundle.gemm(a, b, out, kernel=kernel.id)
-                torch.cuda.synchronize()
-                err = relative_error(out, a, b)
-            if torch.isnan(out).any() or not err < 1e-2:
-                failures.append(f"{kernel.id} {(batch, m, n, k)}: relative error {err:.3g}")
+    record, results = verify(bundle, torch, seed=20261206)
+    failures = [f for r in results for f in r.failures]
     assert not failures, "\n".join(failures)
+    assert sorted(record["kernels"]) == sorted(k.id for k in bundle.kernels) and not record["failed"]
+    print(f"{len(results)} kernels on {record['sku']}, worst relative error "
+          f"{max(r.max_rel_error for r in results):.3g}")
 
 
 SPLIT_SHAPES = [(1000, 1032, 4096, 2), (16, 8192, 8192, 4), (64, 520, 8192, 8), (256, 4096, 14336, 2)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -559,3 +560,23 @@ def test_timing_tools_get_torch_when_a_gpu_is_there(monkeypatch):
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True))
     monkeypatch.setitem(sys.modules, "torch", fake)
     assert tune.require_cuda_torch("tilekiln tune") is fake
+
+
+def test_a_verification_run_replaces_only_its_own_card_models_record():
+    from tilekiln.verify import merge_record, sku
+
+    assert sku("NVIDIA H100 80GB HBM3") == "H100 80GB HBM3" and sku("NVIDIA H200") == "H200"
+    h100 = {"sku": "H100 80GB HBM3", "date": "2026-12-01", "kernels": {}}
+    h200 = {"sku": "H200", "date": "2026-12-02", "kernels": {}}
+    merged = merge_record(merge_record(None, "sm90a", h200), "sm90a", h100)
+    assert [r["sku"] for r in merged["records"]] == ["H100 80GB HBM3", "H200"]
+    again = merge_record(merged, "sm90a", {**h100, "date": "2026-12-06"})
+    assert [(r["sku"], r["date"]) for r in again["records"]] == [("H100 80GB HBM3", "2026-12-06"),
+                                                                 ("H200", "2026-12-02")]
+
+
+def test_explain_says_whether_the_chosen_kernel_ran_on_hardware():
+    verified = replace(KERNELS[0], verified_on=("H100 80GB HBM3", "H200"))
+    text = str(choose((verified,), tn(1024, 1024, 1024), 132, {}))
+    assert text.splitlines()[0] == f"chosen: {verified.id} (model; hardware-verified on H100 80GB HBM3, H200)"
+    assert "(model; compile-verified)" in str(choose(KERNELS[:1], tn(1024, 1024, 1024), 132, {}))

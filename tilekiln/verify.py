@@ -1,0 +1,240 @@
+"""Run every kernel of a bundle on this GPU against a float64 reference, and record the result.
+
+    python3 -m tilekiln.verify BUNDLE --out catalog/verification/<bundle>.json
+
+Each kernel runs pinned (``kernel=``) on fresh random inputs of several
+shapes: tails in every dimension, K not a multiple of the tile, a batch,
+one large problem. Inputs are drawn from a seed taken from the operating
+system and recorded. Outputs are poisoned with NaN first, so an element the
+kernel leaves unwritten fails. The fp32-result kernels run as split-K (bf16)
+and, for fp8, straight into a float32 result. A kernel passes when every
+relative error ||out - ref|| / ||ref|| is under :data:`TOLERANCE` and no
+output is NaN.
+
+The record (one per card model, keyed by its SKU) holds the device, driver,
+date, seed and, per kernel, its cubin's sha256 and the largest error. ``--out``
+merges it into an existing file, replacing that SKU's record. Committed as
+``catalog/verification/<bundle>.json``, every later build marks the kernels
+whose cubin is unchanged ``hardware-verified`` on those SKUs in the manifest
+(builder/verification.py); ``inspect`` and ``explain`` show it. A kernel
+that has never run on a GPU stays ``compile-verified``.
+
+Needs torch and a CUDA GPU; imports no build dependency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tilekiln.manifest import KernelInfo
+
+RECORD_SCHEMA = 1
+# bf16/fp16 rounding of the output alone is about 2e-3 relative; fp8 kernels are
+# checked against the product of their own fp8 inputs, so the same bound holds.
+TOLERANCE = 1e-2
+# (batch, M, N, K): tails in every dimension, K not a multiple of any tile K, a batch,
+# tiny and large problems. Leading dimensions are padded to 16 bytes, so any extent is valid.
+SHAPES = ((1, 512, 512, 256), (1, 1000, 1032, 520), (3, 264, 136, 72), (1, 8, 8, 8), (2, 129, 264, 1000),
+          (1, 4096, 4096, 4096))
+# The fp32-partial kernels run as split-K: (M, N, K, slices); each slice holds at least
+# tilekiln.splitk.MIN_SLICE_K of K.
+SPLIT_SHAPES = ((1000, 1032, 4096, 2), (64, 520, 8192, 8))
+FP8 = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+HALF = {"bf16": "bfloat16", "f16": "float16"}
+SCALES = (0.5, 0.25)
+
+
+@dataclass(frozen=True)
+class KernelResult:
+    kernel_id: str
+    max_rel_error: float
+    runs: int
+    failures: tuple[str, ...]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures and self.runs > 0
+
+
+def sku(device_name: str) -> str:
+    """The card model a record is for: torch's device name without the vendor prefix."""
+    return device_name.removeprefix("NVIDIA ").strip()
+
+
+def linux_driver() -> str:
+    """The kernel module's version (``580.159.04``), or ``unknown``."""
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+    except OSError:
+        return "unknown"
+    for word in text.split():
+        parts = word.split(".")
+        if len(parts) >= 2 and all(p.isdigit() and p.isascii() for p in parts):
+            return word
+    return "unknown"
+
+
+def _matrix(torch, rows: int, cols: int, contiguous_rows: bool, batch: int, dtype, gen):
+    """(batch, rows, cols) with its rows or columns contiguous and the leading dimension padded to
+    16 bytes, so every extent meets TMA's stride rule."""
+    inner, outer = (cols, rows) if contiguous_rows else (rows, cols)
+    per16 = 16 // torch.empty((), dtype=dtype).element_size()
+    lead = -(-inner // per16) * per16
+    data = torch.randn(batch, outer, lead, device="cuda", generator=gen).to(dtype)[..., :inner]
+    return data if contiguous_rows else data.transpose(1, 2)
+
+
+def _error(torch, out, ref) -> float:
+    if torch.isnan(out).any():
+        return float("nan")
+    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def _poisoned(torch, shape, dtype):
+    per16 = 16 // torch.empty((), dtype=dtype).element_size()
+    lead = -(-shape[-1] // per16) * per16
+    return torch.full((*shape[:-1], lead), float("nan"), device="cuda", dtype=dtype)[..., :shape[-1]]
+
+
+def _runs(torch, bundle, kernel: KernelInfo, gen):
+    """(description, output, float64 reference) for each run of ``kernel``."""
+    a_dtype = kernel.dtypes[0]
+    fp8 = a_dtype in FP8
+    dtype = getattr(torch, FP8[a_dtype] if fp8 else HALF.get(a_dtype, "float32"))
+    scale_a, scale_b = (torch.tensor([s], device="cuda") for s in SCALES)
+    if kernel.dtypes[3] == "f32":
+        for m, n, k, split in SPLIT_SHAPES:
+            a = _matrix(torch, m, k, kernel.a_major == "k", 1, dtype, gen)[0]
+            b = _matrix(torch, k, n, kernel.b_major == "n", 1, dtype, gen)[0]
+            pin = f"{kernel.id}/splitk{split}"
+            if fp8:
+                ref = (a.double() @ b.double()) * (SCALES[0] * SCALES[1])
+                yield f"{pin} {m}x{n}x{k}", bundle.scaled_gemm(a, b, scale_a, scale_b, kernel=pin), ref
+                out = _poisoned(torch, (m, n), torch.float32)
+                bundle.scaled_gemm(a, b, scale_a, scale_b, out=out, kernel=kernel.id)
+                yield f"{kernel.id} {m}x{n}x{k} -> f32", out, ref
+            else:
+                yield f"{pin} {m}x{n}x{k}", bundle.gemm(a, b, kernel=pin), a.double() @ b.double()
+        return
+    for batch, m, n, k in SHAPES:
+        if fp8 and batch != 1:
+            continue  # scaled GEMMs are 2-D, as torch._scaled_mm's
+        a = _matrix(torch, m, k, kernel.a_major == "k", batch, dtype, gen)
+        b = _matrix(torch, k, n, kernel.b_major == "n", batch, dtype, gen)
+        what = f"{kernel.id} {batch}x{m}x{n}x{k}"
+        if fp8:
+            out = _poisoned(torch, (m, n), torch.bfloat16)
+            bundle.scaled_gemm(a[0], b[0], scale_a, scale_b, out=out, kernel=kernel.id)
+            yield what, out, (a[0].double() @ b[0].double()) * (SCALES[0] * SCALES[1])
+        else:
+            out = _poisoned(torch, (batch, m, n), dtype)
+            bundle.gemm(a, b, out, kernel=kernel.id)
+            yield what, out, a.double() @ b.double()
+
+
+def verify_kernel(torch, bundle, kernel: KernelInfo, seed: int) -> KernelResult:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    worst, runs, failures = 0.0, 0, []
+    for what, out, ref in _runs(torch, bundle, kernel, gen):
+        err = _error(torch, out, ref)
+        runs += 1
+        if not err < TOLERANCE:  # NaN fails too
+            failures.append(f"{what}: relative error {err:.3g}")
+        else:
+            worst = max(worst, err)
+    return KernelResult(kernel.id, worst, runs, tuple(failures))
+
+
+def verify(bundle, torch, seed: int | None = None, only: str | None = None) -> tuple[dict, list[KernelResult]]:
+    """Run every kernel of ``bundle`` (those whose id contains ``only``); returns the record and the results."""
+    seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
+    results = [verify_kernel(torch, bundle, k, seed + k.index) for k in bundle.kernels
+               if only is None or only in k.id]
+    torch.cuda.synchronize()
+    cubins = {k["id"]: k["cubin"]["sha256"] for k in bundle.manifest.raw["kernels"]}
+    device = torch.cuda.get_device_name()
+    record = {
+        "sku": sku(device), "device": device,
+        "compute_capability": list(torch.cuda.get_device_capability()),
+        "driver": linux_driver(), "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(), "seed": seed, "bundle_version": bundle.version,
+        "kernels": {r.kernel_id: {"cubin_sha256": cubins[r.kernel_id], "max_rel_error": float(f"{r.max_rel_error:.3g}"),
+                                  "runs": r.runs}
+                    for r in results if r.passed},
+        "failed": sorted(r.kernel_id for r in results if not r.passed),
+    }
+    return record, results
+
+
+def merge_record(existing: dict | None, bundle: str, record: dict) -> dict:
+    """The verification file of ``bundle`` with ``record`` replacing any earlier one of its SKU."""
+    records = [r for r in (existing or {}).get("records", []) if r.get("sku") != record["sku"]]
+    return {"schema": RECORD_SCHEMA, "bundle": bundle,
+            "records": sorted([*records, record], key=lambda r: r["sku"])}
+
+
+def _read_existing(path: Path, bundle: str) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--out: {path} is not a readable verification file ({exc}); move it away first")
+    if not isinstance(data, dict) or data.get("bundle") != bundle:
+        raise SystemExit(f"--out: {path} holds records of bundle {data.get('bundle') if isinstance(data, dict) else '?'!r}, "
+                         f"not {bundle!r}; give another path")
+    return data
+
+
+def _write(path: Path, data: dict) -> None:
+    """Replace ``path`` in one rename, so an interrupted run leaves the old file whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python3 -m tilekiln.verify", description=__doc__.split("\n")[0])
+    p.add_argument("bundle", help="bundle directory or installed bundle name")
+    p.add_argument("--out", type=Path, default=None,
+                   help="write (or merge into) this verification file, e.g. catalog/verification/sm90a.json")
+    p.add_argument("--seed", type=int, default=None, help="input seed (default: a fresh one from the OS)")
+    p.add_argument("--only", default=None, metavar="TEXT", help="only the kernels whose id contains TEXT")
+    args = p.parse_args(argv)
+    from tilekiln.tune import require_cuda_torch
+
+    torch = require_cuda_torch("tilekiln verify")
+    import tilekiln
+
+    bundle = tilekiln.load(args.bundle)
+    record, results = verify(bundle, torch, args.seed, args.only)
+    for r in results:
+        status = "ok  " if r.passed else "FAIL"
+        print(f"{status} {r.kernel_id}: {r.runs} runs, max relative error {r.max_rel_error:.3g}")
+        for failure in r.failures:
+            print(f"       {failure}")
+    failed = [r for r in results if not r.passed]
+    print(f"{len(results) - len(failed)} of {len(results)} kernels verified on {record['sku']} "
+          f"(driver {record['driver']}, seed {record['seed']})", file=sys.stderr)
+    if args.out is not None:
+        _write(args.out, merge_record(_read_existing(args.out, bundle.name), bundle.name, record))
+        print(f"wrote {args.out}", file=sys.stderr)
+    if failed:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
