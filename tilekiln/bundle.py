@@ -12,7 +12,6 @@ the pointer reads and one ctypes call.
 
 from __future__ import annotations
 
-import sys
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -345,13 +344,13 @@ class Bundle:
         out_op = describe(out, "out") if out is not None else None
         plan = self.plan(a_op, b_op, out_op, kernel)
         if out_op is None:
-            if "torch" in sys.modules:
+            try:
                 import torch
-
-                return torch_path().gemm(self, torch.as_tensor(a, device=f"cuda:{a_op.device}"),
-                                         torch.as_tensor(b, device=f"cuda:{b_op.device}"), None, stream, kernel)
-            raise TypeError("out: pass an output array when the inputs are not torch tensors "
-                            "(tilekiln allocates results only through torch)")
+            except ImportError:
+                raise TypeError("out: pass an output array when the inputs are not torch tensors "
+                                "(tilekiln allocates results only through torch, which is not installed)") from None
+            return torch_path().gemm(self, torch.as_tensor(a, device=f"cuda:{a_op.device}"),
+                                     torch.as_tensor(b, device=f"cuda:{b_op.device}"), None, stream, kernel)
         if plan.block is None:
             p = plan.problem
             if p.k == 0 and not p.empty:  # torch semantics: a sum over nothing is zero
