@@ -34,7 +34,7 @@ from builder.bundle import BundleFile, bundle_name, library_name, write_bundle
 from builder.cache import ContentCache, canonical_key
 from builder.compile import COMPILE_ENV, CompileFailure, CompileJob, CompileOutput
 from builder.cubin import compiled_for
-from builder.diagnostics import Diagnostic, DiagnosticError, Location, Severity
+from builder.diagnostics import Diagnostic, DiagnosticError, Location, Severity, did_you_mean
 from builder.link import LinkInput, link_library, link_recipe, render_glue
 from builder.manifest import make_manifest
 from builder.parallel import Executor
@@ -174,10 +174,17 @@ def build(request: BuildRequest) -> BuildResult:
 def _empty_selection(validation: Validation, selection: Selection) -> Diagnostic:
     pipelines = sorted({ctx.entry.config.pipeline for ctx in validation.kernels})
     arches = sorted({a for ctx in validation.kernels for a in ctx.entry.targets})
+    close = []
+    for option, given, known in (("--pipeline", selection.pipelines, pipelines), ("--arch", selection.arches, arches)):
+        for value in given:
+            match = None if value in known else did_you_mean(value, known)
+            if match:
+                close.append(f"{option} {match}")
     return Diagnostic("BUILD-EMPTY", "the selection matches no kernel", Location("catalog"),
-                      f"check --pipeline, --arch and --only; the catalog has pipelines {', '.join(pipelines)} "
+                      (f"did you mean {', '.join(close)}? " if close else "")
+                      + f"check --pipeline, --arch and --only; the catalog has pipelines {', '.join(pipelines)} "
                       f"and targets {', '.join(arches)}; `tilekiln list` shows the kernel ids",
-                      facts={k: list(v) for k, v in selection.describe().items()})
+                      facts={k: list(v) for k, v in selection.describe().items()} | {"did_you_mean": close})
 
 
 def object_key(job: CompileJob) -> str:

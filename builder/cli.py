@@ -15,12 +15,27 @@ from pathlib import Path
 import click
 
 from builder import __version__
-from builder.diagnostics import DiagnosticError, Severity, has_errors, render
+from builder.diagnostics import DiagnosticError, Severity, did_you_mean, has_errors, render
 from builder.env import settings
 from builder.toolchain import ToolchainError
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 101
-FORMATS = click.Choice(["text", "json", "github"])
+
+
+class Choice(click.Choice):
+    """A click choice whose error names the closest choice, as click does for mistyped options and commands."""
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter as exc:
+            close = did_you_mean(value, self.choices)
+            if close:
+                exc.message += f" Did you mean {close!r}?"
+            raise
+
+
+FORMATS = Choice(["text", "json", "github"])
 
 
 def _root(ctx_root: str | None) -> Path:
@@ -73,8 +88,10 @@ def validate(root: Path, paths: tuple[str, ...], fmt: str, explain_id: str | Non
         match = [k for k in result.planned if k.entry.kernel_id == explain_id]
         if not match:
             _report(result.diagnostics, fmt)
-            known = ", ".join(sorted(k.entry.kernel_id for k in result.planned)[:5])
-            raise click.UsageError(f"no kernel with id {explain_id!r} in the catalog (e.g. {known or 'none'})")
+            ids = sorted(k.entry.kernel_id for k in result.planned)
+            close = did_you_mean(explain_id, ids)
+            known = f"did you mean {close!r}?" if close else f"e.g. {', '.join(ids[:5]) or 'none'}"
+            raise click.UsageError(f"no kernel with id {explain_id!r} in the catalog ({known})")
         summary = summarize(match[0]) | {
             "problems": [d.to_json() for d in result.diagnostics if d.message.startswith(f"{explain_id}:")]}
         click.echo(json.dumps(summary, indent=2))
@@ -93,7 +110,7 @@ def validate(root: Path, paths: tuple[str, ...], fmt: str, explain_id: str | Non
 
 @main.command()
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="write to a file instead of stdout")
-@click.option("--of", "kind", type=click.Choice(["catalog", "settings", "facts", "template"]), default="catalog",
+@click.option("--of", "kind", type=Choice(["catalog", "settings", "facts", "template"]), default="catalog",
               show_default=True, help="catalog/gemm/*.yaml, catalog/catalog.yaml, catalog/hardware/*.yaml or "
               "templates/*.yaml")
 def schema(out: str | None, kind: str) -> None:
@@ -146,7 +163,7 @@ CACHE_OPTION = click.option("--cache", "cache_dir", type=click.Path(file_okay=Fa
                             help="cache directory (default: $TILEKILN_CACHE_DIR or artifacts/.cache)")
 PARTIAL_OPTION = click.option("--allow-partial", is_flag=True,
                               help="if a kernel fails, still write a bundle of the kernels that passed")
-PROGRESS_OPTION = click.option("--progress", type=click.Choice(["auto", "rich", "plain", "none"]), default="auto",
+PROGRESS_OPTION = click.option("--progress", type=Choice(["auto", "rich", "plain", "none"]), default="auto",
                                show_default=True, help="rich bar, one line per compile (CI logs), or nothing")
 DIAGNOSTICS_FORMAT = click.option("--format", "fmt", type=FORMATS, default="text", show_default=True,
                                   help="format of diagnostics if the catalog or the shards are invalid")
@@ -253,7 +270,7 @@ def merge(root: Path, shard_dirs, out_dir, cache_dir, allow_partial, progress, f
 @click.option("--arch", multiple=True, help="only this target (repeatable)")
 @click.option("--only", multiple=True, metavar="PATTERN", help="only kernel ids matching (glob)")
 @click.option("--shard", default=None, metavar="I/N", help="only the I-th of N shards")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=Choice(["text", "json"]), default="text", show_default=True)
 @click.pass_obj
 def list_kernels(root: Path, cache_dir, pipeline, arch, only, shard, fmt) -> None:
     """Show what a build would compile and what is already cached."""
@@ -331,7 +348,7 @@ def _open_artifacts(fmt: str, *paths: str) -> list:
 
 @main.command(name="inspect")
 @click.argument("artifact", type=click.Path(exists=True))
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=Choice(["text", "json"]), default="text", show_default=True)
 def inspect_artifact(artifact: str, fmt: str) -> None:
     """Show a bundle's or bundle wheel's kernels, integrity and provenance (exit 1 if damaged)."""
     from rich.console import Console
@@ -349,7 +366,7 @@ def inspect_artifact(artifact: str, fmt: str) -> None:
 @main.command()
 @click.argument("old", type=click.Path(exists=True))
 @click.argument("new", type=click.Path(exists=True))
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=Choice(["text", "json"]), default="text", show_default=True)
 def diff(old: str, new: str, fmt: str) -> None:
     """Kernels added, removed and changed between two bundles or wheels, and the size delta."""
     from rich.console import Console

@@ -1,13 +1,16 @@
-"""The validate and schema commands: formats, exit codes, and a catalog with many mistakes."""
+"""The command line: formats, exit codes, a catalog with many mistakes, and the closest spelling of a mistyped choice."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
+from builder.build import BuildRequest, Selection, build
 from builder.cli import main
-from builder.diagnostics import JSON_KEYS
+from builder.diagnostics import JSON_KEYS, DiagnosticError
+from builder.parallel import LocalExecutor
 from tests.fixture_catalogs import ROOT, expectations
 
 BROKEN = ROOT / "tests" / "fixtures" / "broken_catalog"
@@ -86,3 +89,36 @@ def test_schema_is_written_atomically_and_describes_the_catalog(tmp_path):
     assert list(tmp_path.iterdir()) == [out], "no temporary files left behind"
     facts = json.loads(run("schema", "--of", "facts").stdout)
     assert "mma_k_bytes" in facts["$defs"]["FactsBody"]["properties"]
+
+
+@pytest.mark.parametrize("args, suggestion", [
+    (["validate", "--format", "jsn"], "'json'"),
+    (["schema", "--of", "fact"], "'facts'"),
+    (["list", "--format", "txt"], "'text'"),
+    (["build", "--progress", "plian"], "'plain'"),
+    (["build", "--executor", "rya"], "'ray'"),
+])
+def test_a_mistyped_choice_is_a_usage_error_naming_the_closest(args, suggestion):
+    result = run(*args)
+    assert result.exit_code == 2
+    assert f"did you mean {suggestion}" in result.stderr.lower()
+
+
+def test_an_unknown_explain_id_names_the_closest_id():
+    result = run("validate", "--explain", "gemm_sm90_bf16_bf16_f32_bf16_tn_128x128x64_c1x3")
+    assert result.exit_code == 2
+    assert "did you mean 'gemm_sm90_bf16_bf16_f32_bf16_tn_128x128x64_c1x2'" in result.stderr
+
+
+@pytest.mark.parametrize("selection, suggestion", [
+    (Selection(arches=("sm90a",)), ["--arch sm_90a"]),
+    (Selection(pipelines=("sm91",), arches=("sm_90a",)), ["--pipeline sm90"]),
+    (Selection(only=("nothing*",)), []),
+])
+def test_an_empty_selection_names_the_closest_pipeline_and_target(selection, suggestion, tmp_path):
+    request = BuildRequest(root=ROOT, out_dir=tmp_path, cache_dir=tmp_path / "cache", executor=LocalExecutor(1),
+                           selection=selection)
+    with pytest.raises(DiagnosticError) as info:
+        build(request)
+    (problem,) = info.value.diagnostics
+    assert problem.rule == "BUILD-EMPTY" and problem.facts["did_you_mean"] == suggestion
