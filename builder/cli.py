@@ -42,14 +42,31 @@ def _root(ctx_root: str | None) -> Path:
     return Path(ctx_root).resolve() if ctx_root else settings().project_root
 
 
+ROOT_HELP = "project root holding catalog/ and templates/ (default: $TILEKILN_ROOT or the current directory)"
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tilekiln")
-@click.option("--root", type=click.Path(file_okay=False), default=None,
-              help="project root holding catalog/ and templates/ (default: the current directory)")
+@click.option("--root", type=click.Path(exists=True, file_okay=False), default=None, help=ROOT_HELP)
 @click.pass_context
 def main(ctx: click.Context, root: str | None) -> None:
     """Ahead-of-time GEMM kernel builds from a validated catalog."""
     ctx.obj = _root(root)
+
+
+def _root_after_command(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """``tilekiln validate --root DIR`` means ``tilekiln --root DIR validate``; both at once must agree."""
+    if value is None:
+        return
+    before = ctx.parent.params["root"]
+    if before is not None and Path(before).resolve() != Path(value).resolve():
+        raise click.BadParameter(f"{value} differs from the --root {before} given before the command")
+    ctx.obj = Path(value).resolve()
+
+
+# The commands that read the project (catalog/, templates/) take --root after their name too.
+ROOT_OPTION = click.option("--root", type=click.Path(exists=True, file_okay=False), default=None, help=ROOT_HELP,
+                           expose_value=False, callback=_root_after_command)
 
 
 def _report(diagnostics, fmt: str) -> None:
@@ -67,6 +84,7 @@ def _report(diagnostics, fmt: str) -> None:
 @click.option("--explain", "explain_id", metavar="ID", default=None,
               help="print the derived values (stages, shared and tensor memory per stage, occupancy) of one kernel")
 @click.option("--strict", is_flag=True, help="treat warnings as errors")
+@ROOT_OPTION
 @click.pass_obj
 def validate(root: Path, paths: tuple[str, ...], fmt: str, explain_id: str | None, strict: bool) -> None:
     """Check catalog files against the hardware facts (default: catalog/)."""
@@ -202,6 +220,7 @@ def _finish(result, check=None) -> None:
               help="then rebuild from an empty cache in a temporary directory and compare every artifact")
 @PROGRESS_OPTION
 @DIAGNOSTICS_FORMAT
+@ROOT_OPTION
 @click.pass_obj
 def build(root: Path, out_dir, cache_dir, jobs, executor, pipeline, arch, only, shard, allow_partial,
           check_reproducible, progress, fmt) -> None:
@@ -242,6 +261,7 @@ def build(root: Path, out_dir, cache_dir, jobs, executor, pipeline, arch, only, 
 @PARTIAL_OPTION
 @PROGRESS_OPTION
 @DIAGNOSTICS_FORMAT
+@ROOT_OPTION
 @click.pass_obj
 def merge(root: Path, shard_dirs, out_dir, cache_dir, allow_partial, progress, fmt) -> None:
     """Combine the outputs of `build --shard I/N` (all N of them) into bundles.
@@ -271,6 +291,7 @@ def merge(root: Path, shard_dirs, out_dir, cache_dir, allow_partial, progress, f
 @click.option("--only", multiple=True, metavar="PATTERN", help="only kernel ids matching (glob)")
 @click.option("--shard", default=None, metavar="I/N", help="only the I-th of N shards")
 @click.option("--format", "fmt", type=Choice(["text", "json"]), default="text", show_default=True)
+@ROOT_OPTION
 @click.pass_obj
 def list_kernels(root: Path, cache_dir, pipeline, arch, only, shard, fmt) -> None:
     """Show what a build would compile and what is already cached."""
@@ -309,11 +330,12 @@ def _size_limit(root: Path, max_size: str | None) -> int:
 
 
 @main.command()
-@click.argument("bundles", nargs=-1, required=True, type=click.Path())
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="dist", show_default=True,
               help="directory for the wheels")
 @click.option("--max-size", default=None, metavar="SIZE",
               help="refuse a wheel larger than this, e.g. 100MB (default: wheel_size_limit in catalog/catalog.yaml)")
+@ROOT_OPTION
 @click.pass_obj
 def package(root: Path, bundles: tuple[str, ...], out_dir: str, max_size: str | None) -> None:
     """Package bundle directories as wheels that pip installs and tilekiln.load finds."""

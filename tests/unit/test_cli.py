@@ -122,3 +122,40 @@ def test_an_empty_selection_names_the_closest_pipeline_and_target(selection, sug
         build(request)
     (problem,) = info.value.diagnostics
     assert problem.rule == "BUILD-EMPTY" and problem.facts["did_you_mean"] == suggestion
+
+
+@pytest.mark.parametrize("args", [
+    ["validate", "no/such/dir"],
+    ["validate", "catalog/gemm/no-such.yaml"],
+    ["--root", "no/such/dir", "validate"],
+    ["validate", "--root", "no/such/dir"],
+    ["build", "--root", "no/such/dir"],
+    ["list", "--root", "no/such/dir"],
+    ["--root", str(ROOT), "package", "no/such/bundle"],
+    ["inspect", "no/such/bundle"],
+    ["diff", "no/such/old", "no/such/new"],
+    ["merge", "no/such/shard"],
+    ["tune", "no/such/bundle"],
+])
+def test_a_missing_path_is_a_usage_error(args, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+
+
+def test_root_may_follow_the_command(tmp_path, monkeypatch):
+    """docs/catalog.md's `tilekiln validate --root DIR`, run from another directory."""
+    monkeypatch.chdir(tmp_path)
+    after = CliRunner().invoke(main, ["validate", "--root", str(ROOT), "--format", "json", str(BROKEN)])
+    before = CliRunner().invoke(main, ["--root", str(ROOT), "validate", "--format", "json", str(BROKEN)])
+    assert after.exit_code == before.exit_code == 1
+    assert json.loads(after.stdout) == json.loads(before.stdout) != []
+    both = CliRunner().invoke(main, ["--root", str(ROOT), "validate", "--root", str(ROOT)])
+    assert both.exit_code == 0, both.output
+    listed = CliRunner().invoke(main, ["list", "--root", str(ROOT), "--format", "json", "--cache", str(tmp_path)])
+    assert listed.exit_code == 0 and json.loads(listed.stdout)
+
+
+def test_two_different_roots_are_a_usage_error(tmp_path):
+    result = CliRunner().invoke(main, ["--root", str(ROOT), "validate", "--root", str(tmp_path)])
+    assert result.exit_code == 2
