@@ -3,7 +3,8 @@
 Each command parses its options, calls one builder function and maps the
 outcome to an exit code: 0 success, 1 the input is invalid or a kernel
 failed, 2 usage, configuration or I/O error, 101 internal error. Problems are
-reported once, as text, JSON or GitHub annotations; never as a traceback.
+reported once, as text, JSON or GitHub annotations; never as a traceback,
+except an internal error's under ``--debug`` (builder/entry.py).
 """
 
 from __future__ import annotations
@@ -48,10 +49,21 @@ ROOT_HELP = "project root holding catalog/ and templates/ (default: $TILEKILN_RO
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tilekiln")
 @click.option("--root", type=click.Path(exists=True, file_okay=False), default=None, help=ROOT_HELP)
+@click.option("--debug", is_flag=True, help="print the traceback of an internal error (or set TILEKILN_DEBUG=1)")
 @click.pass_context
-def main(ctx: click.Context, root: str | None) -> None:
+def main(ctx: click.Context, root: str | None, debug: bool) -> None:
     """Ahead-of-time GEMM kernel builds from a validated catalog."""
+    # `debug` matters only once a command has failed: wants_traceback reads it then.
     ctx.obj = _root(root)
+
+
+def wants_traceback(args: list[str]) -> bool:
+    """Whether the command line ``args`` (``--debug``) or $TILEKILN_DEBUG ask for an internal error's traceback.
+
+    builder/entry.py asks after the command raised, so the group's options are
+    parsed again, leniently and without running any callback.
+    """
+    return main.make_context("tilekiln", list(args), resilient_parsing=True).params["debug"] or settings().debug
 
 
 def _root_after_command(ctx: click.Context, param: click.Parameter, value: str | None) -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from click.testing import CliRunner
 
+from builder import entry
 from builder.build import BuildRequest, Selection, build
 from builder.cli import main
 from builder.diagnostics import JSON_KEYS, DiagnosticError
@@ -159,3 +161,27 @@ def test_root_may_follow_the_command(tmp_path, monkeypatch):
 def test_two_different_roots_are_a_usage_error(tmp_path):
     result = CliRunner().invoke(main, ["--root", str(ROOT), "validate", "--root", str(tmp_path)])
     assert result.exit_code == 2
+
+
+@pytest.mark.parametrize("argv, debug_env, traceback", [
+    (["validate"], None, False),
+    (["--debug", "validate"], None, True),
+    (["validate"], "1", True),
+    (["validate"], "0", False),
+])
+def test_an_internal_error_prints_its_traceback_only_when_asked(argv, debug_env, traceback, monkeypatch, capsys):
+    def broken(*args, **kwargs):
+        raise RuntimeError("deliberate")
+
+    monkeypatch.setattr("builder.validate.validate_project", broken)
+    monkeypatch.setattr(sys, "argv", ["tilekiln", "--root", str(ROOT), *argv])
+    monkeypatch.delenv("TILEKILN_DEBUG", raising=False)
+    if debug_env is not None:
+        monkeypatch.setenv("TILEKILN_DEBUG", debug_env)
+    with pytest.raises(SystemExit) as info:
+        entry.main()
+    assert info.value.code == 101
+    err = capsys.readouterr().err
+    assert "RuntimeError: deliberate" in err
+    assert ("Traceback (most recent call last)" in err) is traceback
+    assert ("rerun with --debug" in err) is not traceback
