@@ -119,6 +119,7 @@ class BundleResult:
     path: Path | None
     report_path: Path
     shard: tuple[int, int] | None = None
+    unchanged: bool = False  # the bundle on disk already held exactly this build's output
 
     @property
     def failed(self) -> tuple[KernelRecord, ...]:
@@ -217,7 +218,7 @@ def compile_kernels(planned: list[PlannedKernel], cache: ContentCache, request: 
         for result in request.executor.run([p.job for p in misses.values()]):
             record = _record_from_result(misses[result.arch, result.kernel_id], result, cache)
             records[record.arch, record.kernel_id] = record
-            progress.advance(record.kernel_id, record.status, record.seconds)
+            progress.advance(record.kernel_id, record.status, record.seconds, bundle_name(record.arch))
     return [records[k] for k in sorted(records)]
 
 
@@ -283,11 +284,12 @@ def write_bundle_for(arch: str, records: list[KernelRecord], validation: Validat
         files.append(BundleFile(f"sources/{r.kernel_id}.py", r.source.encode()))
     manifest = make_manifest(arch, passed, validation, request.root)
     with bundle_output(request.out_dir, bundle) as path:
-        if bundle_is_current(path, files, manifest):
+        unchanged = bundle_is_current(path, files, manifest)
+        if unchanged:
             write_atomic(path / REPORT_NAME, report_bytes)
         else:
             write_bundle(request.out_dir, bundle, files, manifest, extra={REPORT_NAME: report_bytes})
-    return BundleResult(bundle, arch, tuple(records), path, path / REPORT_NAME)
+    return BundleResult(bundle, arch, tuple(records), path, path / REPORT_NAME, unchanged=unchanged)
 
 
 def write_shard_for(arch: str, records: list[KernelRecord], request: BuildRequest) -> BundleResult:

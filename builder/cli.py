@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -199,11 +200,11 @@ DIAGNOSTICS_FORMAT = click.option("--format", "fmt", type=FORMATS, default="text
                                   help="format of diagnostics if the catalog or the shards are invalid")
 
 
-def _finish(result, check=None) -> None:
-    """Print the outcome table(s) and exit: 1 if a kernel failed or the rebuild differed."""
-    from builder.report import print_build_result
+def _finish(result, seconds: float, check=None) -> None:
+    """Print the outcome (``seconds``: the build's wall time) and exit: 1 if a kernel failed or the rebuild differed."""
+    from builder.report import print_outcome
 
-    print_build_result(result)
+    print_outcome(result, seconds)
     ok = result.ok
     if check is not None:
         _report(check.diagnostics, "text")
@@ -237,6 +238,7 @@ def _finish(result, check=None) -> None:
 def build(root: Path, out_dir, cache_dir, jobs, executor, pipeline, arch, only, shard, allow_partial,
           check_reproducible, progress, fmt) -> None:
     """Validate and build the catalog into bundles under artifacts/."""
+    started = time.monotonic()
     from builder.build import BuildRequest, build as run_build
     from builder.parallel import ExecutorError, default_jobs, make_executor
     from builder.reproduce import check_reproducible as check
@@ -251,6 +253,7 @@ def build(root: Path, out_dir, cache_dir, jobs, executor, pipeline, arch, only, 
         raise click.UsageError(str(exc)) from None
     try:
         result = run_build(request)
+        seconds = time.monotonic() - started
         checked = None
         if check_reproducible:
             if progress != "none":
@@ -263,7 +266,7 @@ def build(root: Path, out_dir, cache_dir, jobs, executor, pipeline, arch, only, 
     except (ExecutorError, ToolchainError) as exc:
         click.echo(f"tilekiln: {exc}", err=True)
         sys.exit(EXIT_USAGE)
-    _finish(result, checked)
+    _finish(result, seconds, checked)
 
 
 @main.command()
@@ -282,6 +285,7 @@ def merge(root: Path, shard_dirs, out_dir, cache_dir, allow_partial, progress, f
     or directories above them. The bundles are byte-identical to a build on
     one machine; the shards must come from this checkout's catalog.
     """
+    started = time.monotonic()
     from builder.merge import merge as run_merge
 
     out, cache = _dirs(root, out_dir, cache_dir)
@@ -293,7 +297,7 @@ def merge(root: Path, shard_dirs, out_dir, cache_dir, allow_partial, progress, f
     except ToolchainError as exc:
         click.echo(f"tilekiln: {exc}", err=True)
         sys.exit(EXIT_USAGE)
-    _finish(result)
+    _finish(result, time.monotonic() - started)
 
 
 @main.command(name="list")
