@@ -425,7 +425,7 @@ def tune(ctx: click.Context, bundle: str) -> None:
     """Time the candidate kernels per shape bucket on this GPU and write the table into BUNDLE.
 
     Options after BUNDLE go to `python3 -m tilekiln.tune` (see its --help):
-    --shapes, --dtype, --iters, --table-out.
+    --shapes, --dtype, --iters, --settle-ms, --table-out, --merge.
     """
     from tilekiln.tune import main as tune_main
 

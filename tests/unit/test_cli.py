@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -185,3 +186,13 @@ def test_an_internal_error_prints_its_traceback_only_when_asked(argv, debug_env,
     assert "RuntimeError: deliberate" in err
     assert ("Traceback (most recent call last)" in err) is traceback
     assert ("rerun with --debug" in err) is not traceback
+
+
+def test_the_readme_synopsis_names_every_option_of_every_command():
+    text = (ROOT / "README.md").read_text()
+    synopsis = text.split("## The command line", 1)[1].split("\n## ", 1)[0]
+    commands = [("tilekiln", main), *main.commands.items()]
+    missing = [f"{name} {p.opts[-1]}" for name, command in commands for p in command.params
+               if isinstance(p, click.Option) and "--help" not in p.opts
+               and not any(f"{opt} " in synopsis or f"{opt}]" in synopsis for opt in p.opts)]
+    assert not missing, "add these to README's command-line synopsis"
