@@ -1,4 +1,4 @@
-"""The command line: formats, exit codes, a catalog with many mistakes, and the closest spelling of a mistyped choice."""
+"""The command line: formats, exit codes, a catalog with many mistakes, and the closest spelling of a typo."""
 
 from __future__ import annotations
 
