@@ -264,7 +264,7 @@ def test_kill_9_during_compile_then_rerun_finishes_from_the_cache(small, tmp_pat
     out, cache = tmp_path / "out", tmp_path / "cache"
     proc = cli_process(small.project, out, cache, "-j", "1", "--progress", "plain")
     try:
-        _wait_for_line(proc, "[1/2] compiled")
+        _wait_for_line(proc, "[1/2] sm90a compiled")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
