@@ -34,7 +34,7 @@ class Fact(YamlModel, Generic[T]):
     @classmethod
     def model_parametrized_name(cls, params: tuple[Any, ...]) -> str:
         """``Fact[int]`` rather than ``Fact[Annotated[int, Strict(strict=True)]]``: the name is the
-        title (and $defs key) of the fact's type in the JSON Schema that editors show."""
+        title of the fact's type in the JSON Schema, which editors show."""
         return re.sub(r"Annotated\[(\w+), Strict\(strict=True\)\]", r"\1", super().model_parametrized_name(params))
 
 
