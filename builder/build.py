@@ -34,7 +34,7 @@ from builder.bundle import BundleFile, bundle_name, library_name, write_bundle
 from builder.cache import ContentCache, canonical_key
 from builder.compile import COMPILE_ENV, CompileFailure, CompileJob, CompileOutput
 from builder.cubin import compiled_for
-from builder.diagnostics import Diagnostic, DiagnosticError, Location, Severity
+from builder.diagnostics import Diagnostic, DiagnosticError, Location, Severity, did_you_mean
 from builder.link import LinkInput, link_library, link_recipe, render_glue
 from builder.manifest import make_manifest
 from builder.parallel import Executor
@@ -119,6 +119,7 @@ class BundleResult:
     path: Path | None
     report_path: Path
     shard: tuple[int, int] | None = None
+    unchanged: bool = False  # the bundle on disk already held exactly this build's output
 
     @property
     def failed(self) -> tuple[KernelRecord, ...]:
@@ -174,10 +175,17 @@ def build(request: BuildRequest) -> BuildResult:
 def _empty_selection(validation: Validation, selection: Selection) -> Diagnostic:
     pipelines = sorted({ctx.entry.config.pipeline for ctx in validation.kernels})
     arches = sorted({a for ctx in validation.kernels for a in ctx.entry.targets})
+    close = []
+    for option, given, known in (("--pipeline", selection.pipelines, pipelines), ("--arch", selection.arches, arches)):
+        for value in given:
+            match = None if value in known else did_you_mean(value, known)
+            if match:
+                close.append(f"{option} {match}")
     return Diagnostic("BUILD-EMPTY", "the selection matches no kernel", Location("catalog"),
-                      f"check --pipeline, --arch and --only; the catalog has pipelines {', '.join(pipelines)} "
+                      (f"did you mean {', '.join(close)}? " if close else "")
+                      + f"check --pipeline, --arch and --only; the catalog has pipelines {', '.join(pipelines)} "
                       f"and targets {', '.join(arches)}; `tilekiln list` shows the kernel ids",
-                      facts={k: list(v) for k, v in selection.describe().items()})
+                      facts={k: list(v) for k, v in selection.describe().items()} | {"did_you_mean": close})
 
 
 def object_key(job: CompileJob) -> str:
@@ -210,7 +218,7 @@ def compile_kernels(planned: list[PlannedKernel], cache: ContentCache, request: 
         for result in request.executor.run([p.job for p in misses.values()]):
             record = _record_from_result(misses[result.arch, result.kernel_id], result, cache)
             records[record.arch, record.kernel_id] = record
-            progress.advance(record.kernel_id, record.status, record.seconds)
+            progress.advance(record.kernel_id, record.status, record.seconds, bundle_name(record.arch))
     return [records[k] for k in sorted(records)]
 
 
@@ -276,11 +284,12 @@ def write_bundle_for(arch: str, records: list[KernelRecord], validation: Validat
         files.append(BundleFile(f"sources/{r.kernel_id}.py", r.source.encode()))
     manifest = make_manifest(arch, passed, validation, request.root)
     with bundle_output(request.out_dir, bundle) as path:
-        if bundle_is_current(path, files, manifest):
+        unchanged = bundle_is_current(path, files, manifest)
+        if unchanged:
             write_atomic(path / REPORT_NAME, report_bytes)
         else:
             write_bundle(request.out_dir, bundle, files, manifest, extra={REPORT_NAME: report_bytes})
-    return BundleResult(bundle, arch, tuple(records), path, path / REPORT_NAME)
+    return BundleResult(bundle, arch, tuple(records), path, path / REPORT_NAME, unchanged=unchanged)
 
 
 def write_shard_for(arch: str, records: list[KernelRecord], request: BuildRequest) -> BundleResult:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal, Mapping
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, field_validator
+from pydantic import AfterValidator, Field, StrictBool, field_validator
 
 from builder.config import BlockScale, Cluster, DTypes, KernelConfig, Layout, Operand, Raster, Schedule, Tile
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
@@ -24,6 +24,7 @@ from builder.dtypes import DType
 from builder.naming import format_kernel_id
 from builder.paths import display_path
 from builder.pydantic_errors import load_model, load_models
+from builder.yamlmodel import StrictPositiveInt, YamlModel
 from builder.yamlsrc import YamlDocument, YamlPath
 
 KERNEL_FIELDS = ("dtypes", "layout", "tile", "cluster", "cta_group", "block_scale", "schedule", "swap_ab", "raster",
@@ -31,20 +32,16 @@ KERNEL_FIELDS = ("dtypes", "layout", "tile", "cluster", "cta_group", "block_scal
 REQUIRED_FIELDS = ("dtypes", "layout", "tile", "cluster")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class DTypesModel(_Strict):
+class DTypesModel(YamlModel):
     a: DType
     b: DType
     acc: DType
     c: DType
 
 
-class BlockScaleModel(_Strict):
+class BlockScaleModel(YamlModel):
     scale: DType = Field(description="scale-factor type, e.g. e4m3 (nvfp4) or e8m0 (mx formats)")
-    block: PositiveInt = Field(description="K elements sharing one scale factor, e.g. 16 or 32")
+    block: StrictPositiveInt = Field(description="K elements sharing one scale factor, e.g. 16 or 32")
 
 
 LayoutCode = Literal["tn", "nn", "nt", "tt"]
@@ -58,37 +55,42 @@ def _distinct(operands: list[Operand]) -> list[Operand]:
 
 
 Operands = Annotated[list[Operand], AfterValidator(_distinct), Field(json_schema_extra={"uniqueItems": True})]
-Stages = PositiveInt | Literal["auto"]
+Stages = StrictPositiveInt | Literal["auto"]
+TileShape = tuple[StrictPositiveInt, StrictPositiveInt, StrictPositiveInt]
+ClusterShape = tuple[StrictPositiveInt, StrictPositiveInt]
 
 
-class KernelFields(_Strict):
+class KernelFields(YamlModel):
     dtypes: DTypesModel | None = None
     layout: LayoutCode | None = Field(
         default=None, description="BLAS letters: A t=K-major/n=M-major, B n=K-major/t=N-major")
-    tile: tuple[PositiveInt, PositiveInt, PositiveInt] | None = Field(default=None, description="CTA tile [M, N, K]")
-    cluster: tuple[PositiveInt, PositiveInt] | None = Field(default=None, description="cluster shape [M, N] in CTAs")
-    cta_group: PositiveInt | None = Field(default=None, description="CTAs per MMA instruction: 1, or 2 for a CTA pair")
+    tile: TileShape | None = Field(default=None, description="CTA tile [M, N, K]")
+    cluster: ClusterShape | None = Field(default=None, description="cluster shape [M, N] in CTAs")
+    cta_group: StrictPositiveInt | None = Field(default=None,
+                                                description="CTAs per MMA instruction: 1, or 2 for a CTA pair")
     block_scale: BlockScaleModel | None = Field(default=None, description="block-scaled operands: scale type and block")
     schedule: Schedule | None = None
-    swap_ab: bool | None = Field(default=None, description="compute C^T = B^T A^T; tile and cluster in the MMA's terms")
+    swap_ab: StrictBool | None = Field(default=None,
+                                       description="compute C^T = B^T A^T; tile and cluster in the MMA's terms")
     raster: Raster | None = None
-    swizzle: PositiveInt | None = Field(default=None, description="tiles per band in the raster walk (L2 reuse)")
+    swizzle: StrictPositiveInt | None = Field(default=None,
+                                              description="tiles per band in the raster walk (L2 reuse)")
     evict_first: Operands | None = Field(
         default=None, description="operands (a, b) whose loads hint the L2 to evict them first: data read once")
     stages: Stages | None = Field(default=None, description="shared-memory pipeline depth, or auto")
 
 
-class SweepFields(_Strict):
+class SweepFields(YamlModel):
     dtypes: list[DTypesModel] | None = Field(default=None, min_length=1)
     layout: list[LayoutCode] | None = Field(default=None, min_length=1)
-    tile: list[tuple[PositiveInt, PositiveInt, PositiveInt]] | None = Field(default=None, min_length=1)
-    cluster: list[tuple[PositiveInt, PositiveInt]] | None = Field(default=None, min_length=1)
-    cta_group: list[PositiveInt] | None = Field(default=None, min_length=1)
+    tile: list[TileShape] | None = Field(default=None, min_length=1)
+    cluster: list[ClusterShape] | None = Field(default=None, min_length=1)
+    cta_group: list[StrictPositiveInt] | None = Field(default=None, min_length=1)
     block_scale: list[BlockScaleModel] | None = Field(default=None, min_length=1)
     schedule: list[Schedule] | None = Field(default=None, min_length=1)
-    swap_ab: list[bool] | None = Field(default=None, min_length=1)
+    swap_ab: list[StrictBool] | None = Field(default=None, min_length=1)
     raster: list[Raster] | None = Field(default=None, min_length=1)
-    swizzle: list[PositiveInt] | None = Field(default=None, min_length=1)
+    swizzle: list[StrictPositiveInt] | None = Field(default=None, min_length=1)
     evict_first: list[Operands] | None = Field(default=None, min_length=1)
     stages: list[Stages] | None = Field(default=None, min_length=1)
 
@@ -98,16 +100,19 @@ class KernelItem(KernelFields):
     targets: list[str] | None = Field(default=None, min_length=1, description="override the file's targets")
 
 
-class CatalogFile(_Strict):
-    pipeline: str = Field(pattern=r"^sm\d+$")
+class CatalogFile(YamlModel):
+    pipeline: str = Field(pattern=r"^sm[0-9]+$")
     targets: list[str] = Field(min_length=1, description="compile targets, e.g. [sm_90a]")
     defaults: KernelFields = KernelFields()
     kernels: list[KernelItem] = Field(min_length=1)
 
 
-class CatalogSettings(_Strict):
-    version: str = Field(pattern=r"^\d+\.\d+\.\d+$", description="semantic version of built bundles")
-    wheel_size_limit: str = Field(default="100MB", pattern=r"^\d+(\.\d+)?\s*(B|KB|MB|GB)$")
+class CatalogSettings(YamlModel):
+    # ASCII digits only: `\d` (Python's re and pydantic's regex alike) and
+    # str.isdigit also match full-width and Arabic-Indic digits, which int()
+    # and float() then read as if they were ASCII.
+    version: str = Field(pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$", description="semantic version of built bundles")
+    wheel_size_limit: str = Field(default="100MB", pattern=r"^[0-9]+(\.[0-9]+)?\s*(B|KB|MB|GB)$")
 
     @field_validator("version")
     @classmethod
@@ -122,7 +127,7 @@ class CatalogSettings(_Strict):
 
 
 def parse_size(text: str) -> int:
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB)\s*", text)
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(B|KB|MB|GB)\s*", text)
     if not match:
         raise ValueError(f"{text!r} is not a size such as 100MB")
     scale = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9}[match.group(2)]

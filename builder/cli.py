@@ -3,38 +3,83 @@
 Each command parses its options, calls one builder function and maps the
 outcome to an exit code: 0 success, 1 the input is invalid or a kernel
 failed, 2 usage, configuration or I/O error, 101 internal error. Problems are
-reported once, as text, JSON or GitHub annotations; never as a traceback.
+reported once, as text, JSON or GitHub annotations; never as a traceback,
+except an internal error's under ``--debug`` (builder/entry.py).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import click
 
 from builder import __version__
-from builder.diagnostics import DiagnosticError, Severity, has_errors, render
+from builder.diagnostics import DiagnosticError, Severity, did_you_mean, has_errors, render
 from builder.env import settings
 from builder.toolchain import ToolchainError
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 101
-FORMATS = click.Choice(["text", "json", "github"])
+
+
+class Choice(click.Choice):
+    """A click choice whose error names the closest choice, as click does for mistyped options and commands."""
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter as exc:
+            close = did_you_mean(value, self.choices)
+            if close:
+                exc.message += f" Did you mean {close!r}?"
+            raise
+
+
+FORMATS = Choice(["text", "json", "github"])
 
 
 def _root(ctx_root: str | None) -> Path:
     return Path(ctx_root).resolve() if ctx_root else settings().project_root
 
 
+ROOT_HELP = "project root holding catalog/ and templates/ (default: $TILEKILN_ROOT or the current directory)"
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tilekiln")
-@click.option("--root", type=click.Path(file_okay=False), default=None,
-              help="project root holding catalog/ and templates/ (default: the current directory)")
+@click.option("--root", type=click.Path(exists=True, file_okay=False), default=None, help=ROOT_HELP)
+@click.option("--debug", is_flag=True, help="print the traceback of an internal error (or set TILEKILN_DEBUG=1)")
 @click.pass_context
-def main(ctx: click.Context, root: str | None) -> None:
+def main(ctx: click.Context, root: str | None, debug: bool) -> None:
     """Ahead-of-time GEMM kernel builds from a validated catalog."""
+    # `debug` matters only once a command has failed: wants_traceback reads it then.
     ctx.obj = _root(root)
+
+
+def wants_traceback(args: list[str]) -> bool:
+    """Whether the command line ``args`` (``--debug``) or $TILEKILN_DEBUG ask for an internal error's traceback.
+
+    builder/entry.py asks after the command raised, so the group's options are
+    parsed again, leniently and without running any callback.
+    """
+    return main.make_context("tilekiln", list(args), resilient_parsing=True).params["debug"] or settings().debug
+
+
+def _root_after_command(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """``tilekiln validate --root DIR`` means ``tilekiln --root DIR validate``; both at once must agree."""
+    if value is None:
+        return
+    before = ctx.parent.params["root"]
+    if before is not None and Path(before).resolve() != Path(value).resolve():
+        raise click.BadParameter(f"{value} differs from the --root {before} given before the command")
+    ctx.obj = Path(value).resolve()
+
+
+# The commands that read the project (catalog/, templates/) take --root after their name too.
+ROOT_OPTION = click.option("--root", type=click.Path(exists=True, file_okay=False), default=None, help=ROOT_HELP,
+                           expose_value=False, callback=_root_after_command)
 
 
 def _report(diagnostics, fmt: str) -> None:
@@ -52,6 +97,7 @@ def _report(diagnostics, fmt: str) -> None:
 @click.option("--explain", "explain_id", metavar="ID", default=None,
               help="print the derived values (stages, shared and tensor memory per stage, occupancy) of one kernel")
 @click.option("--strict", is_flag=True, help="treat warnings as errors")
+@ROOT_OPTION
 @click.pass_obj
 def validate(root: Path, paths: tuple[str, ...], fmt: str, explain_id: str | None, strict: bool) -> None:
     """Check catalog files against the hardware facts (default: catalog/)."""
@@ -73,8 +119,10 @@ def validate(root: Path, paths: tuple[str, ...], fmt: str, explain_id: str | Non
         match = [k for k in result.planned if k.entry.kernel_id == explain_id]
         if not match:
             _report(result.diagnostics, fmt)
-            known = ", ".join(sorted(k.entry.kernel_id for k in result.planned)[:5])
-            raise click.UsageError(f"no kernel with id {explain_id!r} in the catalog (e.g. {known or 'none'})")
+            ids = sorted(k.entry.kernel_id for k in result.planned)
+            close = did_you_mean(explain_id, ids)
+            known = f"did you mean {close!r}?" if close else f"e.g. {', '.join(ids[:5]) or 'none'}"
+            raise click.UsageError(f"no kernel with id {explain_id!r} in the catalog ({known})")
         summary = summarize(match[0]) | {
             "problems": [d.to_json() for d in result.diagnostics if d.message.startswith(f"{explain_id}:")]}
         click.echo(json.dumps(summary, indent=2))
@@ -93,7 +141,7 @@ def validate(root: Path, paths: tuple[str, ...], fmt: str, explain_id: str | Non
 
 @main.command()
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="write to a file instead of stdout")
-@click.option("--of", "kind", type=click.Choice(["catalog", "settings", "facts", "template"]), default="catalog",
+@click.option("--of", "kind", type=Choice(["catalog", "settings", "facts", "template"]), default="catalog",
               show_default=True, help="catalog/gemm/*.yaml, catalog/catalog.yaml, catalog/hardware/*.yaml or "
               "templates/*.yaml")
 def schema(out: str | None, kind: str) -> None:
@@ -146,17 +194,17 @@ CACHE_OPTION = click.option("--cache", "cache_dir", type=click.Path(file_okay=Fa
                             help="cache directory (default: $TILEKILN_CACHE_DIR or artifacts/.cache)")
 PARTIAL_OPTION = click.option("--allow-partial", is_flag=True,
                               help="if a kernel fails, still write a bundle of the kernels that passed")
-PROGRESS_OPTION = click.option("--progress", type=click.Choice(["auto", "rich", "plain", "none"]), default="auto",
+PROGRESS_OPTION = click.option("--progress", type=Choice(["auto", "rich", "plain", "none"]), default="auto",
                                show_default=True, help="rich bar, one line per compile (CI logs), or nothing")
 DIAGNOSTICS_FORMAT = click.option("--format", "fmt", type=FORMATS, default="text", show_default=True,
                                   help="format of diagnostics if the catalog or the shards are invalid")
 
 
-def _finish(result, check=None) -> None:
-    """Print the outcome table(s) and exit: 1 if a kernel failed or the rebuild differed."""
-    from builder.report import print_build_result
+def _finish(result, seconds: float, check=None) -> None:
+    """Print the outcome (``seconds``: the build's wall time) and exit: 1 if a kernel failed or the rebuild differed."""
+    from builder.report import print_outcome
 
-    print_build_result(result)
+    print_outcome(result, seconds)
     ok = result.ok
     if check is not None:
         _report(check.diagnostics, "text")
@@ -185,10 +233,12 @@ def _finish(result, check=None) -> None:
               help="then rebuild from an empty cache in a temporary directory and compare every artifact")
 @PROGRESS_OPTION
 @DIAGNOSTICS_FORMAT
+@ROOT_OPTION
 @click.pass_obj
 def build(root: Path, out_dir, cache_dir, jobs, executor, pipeline, arch, only, shard, allow_partial,
           check_reproducible, progress, fmt) -> None:
     """Validate and build the catalog into bundles under artifacts/."""
+    started = time.monotonic()
     from builder.build import BuildRequest, build as run_build
     from builder.parallel import ExecutorError, default_jobs, make_executor
     from builder.reproduce import check_reproducible as check
@@ -203,6 +253,7 @@ def build(root: Path, out_dir, cache_dir, jobs, executor, pipeline, arch, only, 
         raise click.UsageError(str(exc)) from None
     try:
         result = run_build(request)
+        seconds = time.monotonic() - started
         checked = None
         if check_reproducible:
             if progress != "none":
@@ -215,7 +266,7 @@ def build(root: Path, out_dir, cache_dir, jobs, executor, pipeline, arch, only, 
     except (ExecutorError, ToolchainError) as exc:
         click.echo(f"tilekiln: {exc}", err=True)
         sys.exit(EXIT_USAGE)
-    _finish(result, checked)
+    _finish(result, seconds, checked)
 
 
 @main.command()
@@ -225,6 +276,7 @@ def build(root: Path, out_dir, cache_dir, jobs, executor, pipeline, arch, only, 
 @PARTIAL_OPTION
 @PROGRESS_OPTION
 @DIAGNOSTICS_FORMAT
+@ROOT_OPTION
 @click.pass_obj
 def merge(root: Path, shard_dirs, out_dir, cache_dir, allow_partial, progress, fmt) -> None:
     """Combine the outputs of `build --shard I/N` (all N of them) into bundles.
@@ -233,6 +285,7 @@ def merge(root: Path, shard_dirs, out_dir, cache_dir, allow_partial, progress, f
     or directories above them. The bundles are byte-identical to a build on
     one machine; the shards must come from this checkout's catalog.
     """
+    started = time.monotonic()
     from builder.merge import merge as run_merge
 
     out, cache = _dirs(root, out_dir, cache_dir)
@@ -244,7 +297,7 @@ def merge(root: Path, shard_dirs, out_dir, cache_dir, allow_partial, progress, f
     except ToolchainError as exc:
         click.echo(f"tilekiln: {exc}", err=True)
         sys.exit(EXIT_USAGE)
-    _finish(result)
+    _finish(result, time.monotonic() - started)
 
 
 @main.command(name="list")
@@ -253,7 +306,8 @@ def merge(root: Path, shard_dirs, out_dir, cache_dir, allow_partial, progress, f
 @click.option("--arch", multiple=True, help="only this target (repeatable)")
 @click.option("--only", multiple=True, metavar="PATTERN", help="only kernel ids matching (glob)")
 @click.option("--shard", default=None, metavar="I/N", help="only the I-th of N shards")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=Choice(["text", "json"]), default="text", show_default=True)
+@ROOT_OPTION
 @click.pass_obj
 def list_kernels(root: Path, cache_dir, pipeline, arch, only, shard, fmt) -> None:
     """Show what a build would compile and what is already cached."""
@@ -292,11 +346,12 @@ def _size_limit(root: Path, max_size: str | None) -> int:
 
 
 @main.command()
-@click.argument("bundles", nargs=-1, required=True, type=click.Path())
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="dist", show_default=True,
               help="directory for the wheels")
 @click.option("--max-size", default=None, metavar="SIZE",
               help="refuse a wheel larger than this, e.g. 100MB (default: wheel_size_limit in catalog/catalog.yaml)")
+@ROOT_OPTION
 @click.pass_obj
 def package(root: Path, bundles: tuple[str, ...], out_dir: str, max_size: str | None) -> None:
     """Package bundle directories as wheels that pip installs and tilekiln.load finds."""
@@ -331,7 +386,7 @@ def _open_artifacts(fmt: str, *paths: str) -> list:
 
 @main.command(name="inspect")
 @click.argument("artifact", type=click.Path(exists=True))
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=Choice(["text", "json"]), default="text", show_default=True)
 def inspect_artifact(artifact: str, fmt: str) -> None:
     """Show a bundle's or bundle wheel's kernels, integrity and provenance (exit 1 if damaged)."""
     from rich.console import Console
@@ -349,7 +404,7 @@ def inspect_artifact(artifact: str, fmt: str) -> None:
 @main.command()
 @click.argument("old", type=click.Path(exists=True))
 @click.argument("new", type=click.Path(exists=True))
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=Choice(["text", "json"]), default="text", show_default=True)
 def diff(old: str, new: str, fmt: str) -> None:
     """Kernels added, removed and changed between two bundles or wheels, and the size delta."""
     from rich.console import Console
@@ -370,7 +425,7 @@ def tune(ctx: click.Context, bundle: str) -> None:
     """Time the candidate kernels per shape bucket on this GPU and write the table into BUNDLE.
 
     Options after BUNDLE go to `python3 -m tilekiln.tune` (see its --help):
-    --shapes, --dtype, --iters, --table-out.
+    --shapes, --dtype, --iters, --settle-ms, --table-out, --merge.
     """
     from tilekiln.tune import main as tune_main
 

@@ -8,6 +8,7 @@ This module imports nothing from the rest of ``builder``.
 
 from __future__ import annotations
 
+import difflib
 import enum
 import json
 from dataclasses import dataclass, field
@@ -118,3 +119,15 @@ def render(diagnostics: Iterable[Diagnostic], fmt: str) -> str:
     if fmt == "github":
         return "\n".join(d.to_github() for d in items)
     return "\n".join(d.to_text() for d in items)
+
+
+def did_you_mean(word: object, choices: Iterable[str]) -> str | None:
+    """The choice closest to ``word`` by difflib's ratio, ignoring case, or None if none is close.
+
+    A diagnostic puts it in its hint; ids and messages stay as they are.
+    """
+    if not isinstance(word, str):
+        return None
+    by_folded = {c.casefold(): c for c in choices}
+    found = difflib.get_close_matches(word.casefold(), list(by_folded), n=1)
+    return by_folded[found[0]] if found else None

@@ -1,4 +1,5 @@
-"""Console entry point: runs the CLI and turns any escaped exception into exit 101.
+"""Console entry point: runs the CLI and turns any escaped exception into exit 101,
+with its traceback under ``tilekiln --debug`` or ``TILEKILN_DEBUG=1``.
 
 Kept free of third-party imports so that a runtime-only install (no build
 extra) gets a one-line explanation instead of an ImportError traceback.
@@ -7,11 +8,12 @@ extra) gets a one-line explanation instead of an ImportError traceback.
 from __future__ import annotations
 
 import sys
+import traceback
 
 
 def main() -> None:
     try:
-        from builder.cli import main as cli
+        from builder.cli import main as cli, wants_traceback
     except ImportError as exc:
         print(f"tilekiln: the command line needs the build extra ({exc.name} is missing); "
               "install it with: pip install 'tilekiln[build]'", file=sys.stderr)
@@ -22,6 +24,11 @@ def main() -> None:
         print("tilekiln: interrupted", file=sys.stderr)
         sys.exit(130)
     except Exception as exc:  # noqa: BLE001 - last line of defence, reported as a bug
-        print(f"tilekiln: internal error: {type(exc).__name__}: {exc}\n"
-              "this is a bug in tilekiln; please report it with the command you ran", file=sys.stderr)
+        if wants_traceback(sys.argv[1:]):
+            traceback.print_exc()
+            report = "please report it with the command you ran and the traceback above"
+        else:
+            report = "rerun with --debug for the traceback, and report it with the command you ran"
+        print(f"tilekiln: internal error: {type(exc).__name__}: {exc}\nthis is a bug in tilekiln; {report}",
+              file=sys.stderr)
         sys.exit(101)

@@ -10,34 +10,38 @@ so a new pipeline can never silently inherit another pipeline's number.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, StrictBool, StrictInt, model_validator
 
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.dtypes import DType
 from builder.paths import display_path
 from builder.pydantic_errors import load_models
+from builder.yamlmodel import YamlModel
 from builder.yamlsrc import YamlDocument
 
 T = TypeVar("T")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Fact(_Strict, Generic[T]):
+class Fact(YamlModel, Generic[T]):
     value: T
     source: str = Field(min_length=3, description="where the value comes from (document, API, measurement)")
 
+    @classmethod
+    def model_parametrized_name(cls, params: tuple[Any, ...]) -> str:
+        """``Fact[int]`` rather than ``Fact[Annotated[int, Strict(strict=True)]]``: the name is the
+        title of the fact's type in the JSON Schema, which editors show."""
+        return re.sub(r"Annotated\[(\w+), Strict\(strict=True\)\]", r"\1", super().model_parametrized_name(params))
 
-class IntRange(_Strict):
-    min: int
-    max: int
-    step: int
+
+class IntRange(YamlModel):
+    min: StrictInt
+    max: StrictInt
+    step: StrictInt
 
     def __contains__(self, value: int) -> bool:
         return self.min <= value <= self.max and value % self.step == 0
@@ -46,10 +50,10 @@ class IntRange(_Strict):
         return f"{self.min}..{self.max} step {self.step}"
 
 
-ComputeCapability = tuple[int, int]
+ComputeCapability = tuple[StrictInt, StrictInt]
 
 
-class DTypeCombo(_Strict):
+class DTypeCombo(YamlModel):
     """A dense MMA input/accumulator combination and the output types its epilogue may write."""
 
     a: DType
@@ -60,25 +64,25 @@ class DTypeCombo(_Strict):
         default=None, description="the instruction exists only on these compute capabilities")
 
 
-class BlockScaleCombo(_Strict):
+class BlockScaleCombo(YamlModel):
     """A block-scaled MMA kind: operand types, scale-factor type and block size (elements per scale)."""
 
     name: str
     a: DType
     b: DType
     scale: DType
-    block: int
+    block: StrictInt
     acc: DType
     c: list[DType]
     only_on: list[ComputeCapability] | None = None
 
 
-class Target(_Strict):
+class Target(YamlModel):
     """A compile target: ``a`` targets run only on that exact compute capability,
     ``f`` targets on the same major with minor >= the target's; ``runs_on``
     lists the compute capabilities of the family a cubin may meet."""
 
-    name: str = Field(pattern=r"^sm_\d+[af]?$")
+    name: str = Field(pattern=r"^sm_[0-9]+[af]?$")
     kind: Literal["a", "f"]
     compute_capability: ComputeCapability
     runs_on: list[ComputeCapability] = Field(min_length=1)
@@ -96,50 +100,50 @@ class Target(_Strict):
         return self
 
 
-class FactsBody(_Strict):
+class FactsBody(YamlModel):
     """Every fact any pipeline may declare; a pipeline leaves out what it lacks."""
 
     mma_instruction: Fact[Literal["wgmma", "tcgen05"]] | None = None
-    mma_cta_groups: Fact[list[int]] | None = None
-    threads_per_warpgroup: Fact[int] | None = None
-    mma_m_per_warpgroup: Fact[int] | None = None
-    mma_m_1cta: Fact[list[int]] | None = None
-    mma_m_2cta: Fact[list[int]] | None = None
-    mma_m_block_scaled_1cta: Fact[list[int]] | None = None
-    mma_m_block_scaled_2cta: Fact[list[int]] | None = None
+    mma_cta_groups: Fact[list[StrictInt]] | None = None
+    threads_per_warpgroup: Fact[StrictInt] | None = None
+    mma_m_per_warpgroup: Fact[StrictInt] | None = None
+    mma_m_1cta: Fact[list[StrictInt]] | None = None
+    mma_m_2cta: Fact[list[StrictInt]] | None = None
+    mma_m_block_scaled_1cta: Fact[list[StrictInt]] | None = None
+    mma_m_block_scaled_2cta: Fact[list[StrictInt]] | None = None
     mma_n: Fact[IntRange] | None = None
     mma_n_2cta: Fact[IntRange] | None = None
-    mma_n_step_mn_major_8bit: Fact[dict[int, int]] | None = None
-    mma_k_bytes: Fact[int] | None = None
-    cta_k_bytes_max: Fact[int] | None = None
-    cta_k_bytes_fixed: Fact[int] | None = None
-    smem_per_block_optin: Fact[int] | None = None
-    smem_oversized_carveout: Fact[int] | None = None
-    smem_descriptor_limit: Fact[int] | None = None
-    smem_buffer_alignment: Fact[int] | None = None
-    mbarrier_bytes: Fact[int] | None = None
-    tmem_lanes: Fact[int] | None = None
-    tmem_columns: Fact[int] | None = None
-    tmem_exclusive_above: Fact[int] | None = None
-    tmem_alloc_min_columns: Fact[int] | None = None
-    max_cluster_size: Fact[int] | None = None
-    max_cluster_size_nonportable: Fact[int] | None = None
-    cluster_dims_power_of_two: Fact[bool] | None = None
-    tma_box_dim_max: Fact[int] | None = None
-    tma_alignment_bytes: Fact[int] | None = None
-    tma_cache_policy_evict_first: Fact[int] | None = None
-    registers_per_sm: Fact[int] | None = None
-    max_registers_per_thread: Fact[int] | None = None
+    mma_n_step_mn_major_8bit: Fact[dict[int, StrictInt]] | None = None
+    mma_k_bytes: Fact[StrictInt] | None = None
+    cta_k_bytes_max: Fact[StrictInt] | None = None
+    cta_k_bytes_fixed: Fact[StrictInt] | None = None
+    smem_per_block_optin: Fact[StrictInt] | None = None
+    smem_oversized_carveout: Fact[StrictInt] | None = None
+    smem_descriptor_limit: Fact[StrictInt] | None = None
+    smem_buffer_alignment: Fact[StrictInt] | None = None
+    mbarrier_bytes: Fact[StrictInt] | None = None
+    tmem_lanes: Fact[StrictInt] | None = None
+    tmem_columns: Fact[StrictInt] | None = None
+    tmem_exclusive_above: Fact[StrictInt] | None = None
+    tmem_alloc_min_columns: Fact[StrictInt] | None = None
+    max_cluster_size: Fact[StrictInt] | None = None
+    max_cluster_size_nonportable: Fact[StrictInt] | None = None
+    cluster_dims_power_of_two: Fact[StrictBool] | None = None
+    tma_box_dim_max: Fact[StrictInt] | None = None
+    tma_alignment_bytes: Fact[StrictInt] | None = None
+    tma_cache_policy_evict_first: Fact[StrictInt] | None = None
+    registers_per_sm: Fact[StrictInt] | None = None
+    max_registers_per_thread: Fact[StrictInt] | None = None
     setmaxnreg: Fact[IntRange] | None = None
     dtype_combos: Fact[list[DTypeCombo]] | None = None
     mn_major_dtypes: Fact[list[DType]] | None = None
     block_scale_combos: Fact[list[BlockScaleCombo]] | None = None
-    block_scale_atom_rows: Fact[int] | None = None
-    block_scale_atom_k_blocks: Fact[int] | None = None
+    block_scale_atom_rows: Fact[StrictInt] | None = None
+    block_scale_atom_k_blocks: Fact[StrictInt] | None = None
 
 
-class FactsFile(_Strict):
-    pipeline: str = Field(pattern=r"^sm\d+$")
+class FactsFile(YamlModel):
+    pipeline: str = Field(pattern=r"^sm[0-9]+$")
     description: str
     targets: list[Target] = Field(min_length=1)
     facts: FactsBody

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Iterator, Protocol
 
 from builder.compile import CompileFailure, CompileJob, CompileOutput, compile_job, prepare_worker
+from builder.diagnostics import did_you_mean
 
 WORKER_MEMORY_BYTES = 300 * 2**20
 
@@ -188,4 +189,6 @@ def make_executor(spec: str, jobs: int) -> Executor:
         if importlib.util.find_spec("ray") is None:
             raise ValueError("--executor ray needs Ray: pip install 'tilekiln[ray]'")
         return RayExecutor(spec.partition("=")[2] or None)
-    raise ValueError(f"unknown executor {spec!r}; use local, ray or ray=ADDRESS")
+    close = did_you_mean(spec, ("local", "ray"))
+    raise ValueError(f"unknown executor {spec!r}; " + (f"did you mean {close!r}? " if close else "")
+                     + "use local, ray or ray=ADDRESS")

@@ -54,7 +54,9 @@ class BuildProgress:
     def _failed_text(self) -> str:
         return f"[red]failed {self.failed}[/red]" if self.failed else "failed 0"
 
-    def advance(self, kernel_id: str, status: str, seconds: float) -> None:
+    def advance(self, kernel_id: str, status: str, seconds: float, target: str = "") -> None:
+        """One kernel done; ``target`` (e.g. ``sm100a``) leads its plain line, since one
+        kernel id is compiled for several targets of its pipeline."""
         self.done += 1
         self.failed += status == "failed"
         if self._bar is not None:
@@ -63,5 +65,6 @@ class BuildProgress:
             compiled = self.done - self.cached
             elapsed = time.perf_counter() - self._start
             eta = elapsed / compiled * (self.total - self.done)
-            print(f"[{self.done}/{self.total}] {status:8s} {kernel_id} ({seconds:.1f}s; "
+            where = f"{target} " if target else ""
+            print(f"[{self.done}/{self.total}] {where}{status:8s} {kernel_id} ({seconds:.1f}s; "
                   f"failed {self.failed}; eta {eta:.0f}s)", file=sys.stderr, flush=True)

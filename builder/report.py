@@ -52,6 +52,24 @@ def print_build_result(result: BuildResult, console: Console | None = None) -> N
                       f"{_where(b)}; report {b.report_path}", highlight=False)
 
 
+def print_outcome(result: BuildResult, seconds: float, console: Console | None = None) -> None:
+    """What a build did, ending with its wall time ``seconds``: the tables, or, when it
+    compiled nothing and left every bundle as it was, one line (a table of cached rows
+    tells nothing the previous build did not)."""
+    console = console or Console(stderr=True, soft_wrap=True)
+    records = [r for b in result.bundles for r in b.records]
+    if all(b.unchanged for b in result.bundles) and all(r.status == "cached" for r in records):
+        names = ", ".join(b.bundle for b in result.bundles)
+        where = result.bundles[0].path.parent
+        console.print(f"{len(records)} kernels, all cached; bundle{'s' * (len(result.bundles) > 1)} {names} "
+                      f"unchanged in {where}; {seconds:.2f} s", highlight=False)
+        return
+    print_build_result(result, console)
+    count = {status: sum(r.status == status for r in records) for status in ("compiled", "cached", "failed")}
+    console.print(f"{len(records)} kernels: {count['compiled']} compiled, {count['cached']} cached, "
+                  f"{count['failed']} failed; {seconds:.1f} s", highlight=False)
+
+
 def _where(b: BundleResult) -> str:
     if b.shard is not None:
         return f"shard {b.path}"

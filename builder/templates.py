@@ -17,44 +17,43 @@ from pathlib import Path
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import Field, PositiveInt, StrictBool, StrictInt, model_validator
 
 from builder.catalog import BlockScaleModel, DTypesModel, LayoutCode
 from builder.config import KernelConfig, Schedule
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.pydantic_errors import load_models
+from builder.yamlmodel import StrictPositiveInt, YamlModel
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Supports(_Strict):
+class Supports(YamlModel):
     dtypes: list[DTypesModel] = Field(min_length=1)
     layouts: list[LayoutCode] = Field(min_length=1)
     schedules: list[Schedule] = Field(min_length=1)
-    cta_groups: list[PositiveInt] = Field(default=[1], min_length=1)
-    tile_m: dict[PositiveInt, list[PositiveInt]] | None = Field(
+    cta_groups: list[StrictPositiveInt] = Field(default=[1], min_length=1)
+    tile_m: dict[PositiveInt, list[StrictPositiveInt]] | None = Field(
         default=None, description="per CTA group, the CTA tile M values implemented (all legal ones if absent)")
     block_scales: list[BlockScaleModel] = Field(default=[], description="block-scaled operand formats implemented")
-    b_rows_multiple: PositiveInt | None = Field(
+    b_rows_multiple: StrictPositiveInt | None = Field(
         default=None, description="B rows one CTA loads (tile N / cta_group) must be a multiple of this")
-    swap_ab: bool = Field(default=False, description="builds swap_ab kernels (C^T = B^T A^T, C stored M-major)")
-    evict_first: bool = Field(default=False, description="hints operand loads EVICT_FIRST in the L2 (evict_first)")
+    swap_ab: StrictBool = Field(
+        default=False, description="builds swap_ab kernels (C^T = B^T A^T, C stored M-major)")
+    evict_first: StrictBool = Field(
+        default=False, description="hints operand loads EVICT_FIRST in the L2 (evict_first)")
 
 
-class Sm90Parameters(_Strict):
+class Sm90Parameters(YamlModel):
     kind: Literal["wgmma"]
-    producer_registers: dict[PositiveInt, PositiveInt] = Field(
+    producer_registers: dict[PositiveInt, StrictPositiveInt] = Field(
         description="the producer warpgroup's registers, per consumer warpgroup count; the consumers share the rest")
-    epilogue_stages: int
-    epilogue_tile_n: int
-    static_smem_bytes: int
-    max_stages: int
-    max_consumer_warpgroups: PositiveInt = Field(
+    epilogue_stages: StrictInt
+    epilogue_tile_n: StrictInt
+    static_smem_bytes: StrictInt
+    max_stages: StrictInt
+    max_consumer_warpgroups: StrictPositiveInt = Field(
         description="most cooperative consumer warpgroups; a tile gets as many as split its MMA row blocks evenly")
-    pingpong_consumer_warpgroups: PositiveInt = Field(description="consumer warpgroups of a ping-pong kernel")
-    max_pingpong_row_blocks: PositiveInt = Field(
+    pingpong_consumer_warpgroups: StrictPositiveInt = Field(description="consumer warpgroups of a ping-pong kernel")
+    max_pingpong_row_blocks: StrictPositiveInt = Field(
         description="most warpgroup-MMA row blocks in a ping-pong tile (its epilogue walks one block at a time)")
 
     @model_validator(mode="after")
@@ -67,22 +66,23 @@ class Sm90Parameters(_Strict):
         return self
 
 
-class Tcgen05Parameters(_Strict):
+class Tcgen05Parameters(YamlModel):
     kind: Literal["tcgen05"]
-    threads: PositiveInt = Field(description="threads per CTA (the template's warp roles)")
-    acc_stages: PositiveInt = Field(description="accumulator buffers in tensor memory")
-    epilogue_stages: PositiveInt
-    epilogue_tile_n: PositiveInt = Field(description="widest epilogue sub-tile N; halved until it divides tile N")
-    epilogue_tile_m: PositiveInt = Field(description="epilogue sub-tile rows (one TMEM lane per row)")
-    static_smem_bytes: int
-    max_stages: PositiveInt
-    oversized_smem_launch: bool = Field(description="the generated launch requests the oversized carveout")
+    threads: StrictPositiveInt = Field(description="threads per CTA (the template's warp roles)")
+    acc_stages: StrictPositiveInt = Field(description="accumulator buffers in tensor memory")
+    epilogue_stages: StrictPositiveInt
+    epilogue_tile_n: StrictPositiveInt = Field(
+        description="widest epilogue sub-tile N; halved until it divides tile N")
+    epilogue_tile_m: StrictPositiveInt = Field(description="epilogue sub-tile rows (one TMEM lane per row)")
+    static_smem_bytes: StrictInt
+    max_stages: StrictPositiveInt
+    oversized_smem_launch: StrictBool = Field(description="the generated launch requests the oversized carveout")
 
 
 TemplateParameters = Annotated[Sm90Parameters | Tcgen05Parameters, Field(discriminator="kind")]
 
 
-class TemplateManifest(_Strict):
+class TemplateManifest(YamlModel):
     template: str
     pipeline: str
     supports: Supports

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from builder.catalog import Catalog, load_catalog
-from builder.diagnostics import Diagnostic, DiagnosticError, has_errors
+from builder.diagnostics import Diagnostic, DiagnosticError, did_you_mean, has_errors
 from builder.facts import FactTable, UnknownPipeline, load_facts
 from builder.rules import RULES, KernelContext, make_context
 from builder.templates import TemplateSet, load_templates
@@ -109,8 +109,12 @@ def check_catalog(catalog: Catalog, facts: FactTable, templates: TemplateSet, tu
         try:
             pipeline_facts = facts.pipeline(entry.config.pipeline)
         except UnknownPipeline as exc:
-            diagnostics.append(Diagnostic("UNKNOWN-PIPELINE", str(exc).strip('"'), entry.locate("pipeline"),
-                                          f"add catalog/hardware/{exc.name}.yaml or use one of {', '.join(exc.known)}"))
+            close = did_you_mean(exc.name, exc.known)
+            diagnostics.append(Diagnostic(
+                "UNKNOWN-PIPELINE", str(exc).strip('"'), entry.locate("pipeline"),
+                (f"did you mean {close!r}? " if close else "")
+                + f"add catalog/hardware/{exc.name}.yaml or use one of {', '.join(exc.known)}",
+                facts={"did_you_mean": close}))
             continue
         template = templates.for_pipeline(entry.config.pipeline)
         made, missing = run(lambda e: [make_context(e, pipeline_facts, template)], entry, "plan", kid)

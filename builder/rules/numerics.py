@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from builder.diagnostics import Diagnostic
+from builder.diagnostics import Diagnostic, did_you_mean
 from builder.rules.registry import KernelContext, rule
 
 
@@ -13,10 +13,12 @@ def check_targets(ctx: KernelContext) -> Iterator[Diagnostic]:
     known = ctx.facts.target_names
     for t in ctx.entry.targets:
         if t not in known:
+            close = did_you_mean(t, known)
             yield ctx.diag("TARGET-ARCH", "targets", f"target {t!r} is not a target of pipeline "
                            f"{ctx.facts.pipeline} ({ctx.facts.file} lists {', '.join(known)})",
-                           f"use one of {', '.join(known)}, or move the kernel to the pipeline that has {t}",
-                           targets=list(known))
+                           (f"did you mean {close!r}? " if close else "")
+                           + f"use one of {', '.join(known)}, or move the kernel to the pipeline that has {t}",
+                           targets=list(known), did_you_mean=close)
 
 
 @rule("TEMPLATE-SUPPORT", "a template serves the pipeline and implements the config")

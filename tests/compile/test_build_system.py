@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -253,6 +254,17 @@ def test_the_ci_table_shows_whole_kernel_ids(small, tmp_path):
     assert len(table_rows) == 2 and any(LARGE_ID in line for line in table_rows), res.stderr
 
 
+def test_a_noop_rebuild_prints_one_line_instead_of_the_table(small, tmp_path):
+    args = ["--root", str(small.project), "build", "--out", str(tmp_path / "out"),
+            "--cache", str(copy_cache(small, tmp_path / "cache")), "--progress", "plain"]
+    first, again = CliRunner().invoke(cli, args), CliRunner().invoke(cli, args)
+    assert first.exit_code == again.exit_code == 0, first.output + again.output
+    assert "│" in first.stderr, "the first build writes the bundle: its table"
+    assert re.search(r"\n2 kernels: 0 compiled, 2 cached, 0 failed; [0-9.]+ s\n$", first.stderr), first.stderr
+    assert "│" not in again.stderr
+    assert re.search(r"\n2 kernels, all cached; bundle sm90a unchanged in .*; [0-9.]+ s\n$", again.stderr), again.stderr
+
+
 # -- crash safety and concurrency --------------------------------------------------------------
 
 def _wait_for_line(proc: subprocess.Popen, needle: str, timeout: float = 120.0) -> list[str]:
@@ -285,7 +297,7 @@ def test_kill_9_during_compile_then_rerun_finishes_from_the_cache(small, tmp_pat
     out, cache = tmp_path / "out", tmp_path / "cache"
     proc = cli_process(small.project, out, cache, "-j", "1", "--progress", "plain")
     try:
-        _wait_for_line(proc, "[1/2] compiled")
+        _wait_for_line(proc, "[1/2] sm90a compiled")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -20,7 +20,7 @@ from builder.diagnostics import DiagnosticError
 from builder.merge import _common_selection
 from builder.progress import BuildProgress
 from builder.records import KernelRecord
-from builder.report import print_build_result
+from builder.report import print_build_result, print_outcome
 from builder.shard import SHARD_FILE, SHARD_SCHEMA, load_shards
 from builder.toolchain import ToolchainError
 
@@ -36,6 +36,16 @@ def test_plain_progress_is_one_line_per_compile_with_eta(capsys):
     assert lines[1].startswith("[4/5] compiled k1 (1.0s; failed 0; eta ")
     assert lines[2].startswith("[5/5] failed   k2 (0.5s; failed 1; eta 0s)")
     assert len(lines) == 3
+
+
+def test_plain_progress_names_the_target_of_each_kernel(capsys):
+    """One kernel id is compiled for several targets (sm100a, sm100f, ...): each line says which."""
+    with BuildProgress("plain", total=2, label="building sm100a, sm100f") as progress:
+        progress.advance("k1", "compiled", 1.0, "sm100a")
+        progress.advance("k1", "failed", 0.5, "sm100f")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[1].startswith("[1/2] sm100a compiled k1 (1.0s; failed 0; eta ")
+    assert lines[2].startswith("[2/2] sm100f failed   k1 (0.5s; failed 1; eta 0s)")
 
 
 def test_rich_progress_runs_off_a_terminal_too(capsys):
@@ -148,3 +158,36 @@ def test_a_missing_toolchain_piece_is_a_usage_error_not_a_traceback(command, roo
 def test_merge_of_a_missing_directory_is_a_usage_error(tmp_path, root):
     res = CliRunner().invoke(cli, ["--root", str(root), "merge", str(tmp_path / "nope")])
     assert res.exit_code == 2 and "does not exist" in res.output
+
+
+def _outcome(result: BuildResult, seconds: float) -> list[str]:
+    out = io.StringIO()
+    print_outcome(result, seconds, Console(file=out, width=80, soft_wrap=True))
+    return out.getvalue().splitlines()
+
+
+def _bundle(tmp_path: Path, statuses: tuple[str, ...], unchanged: bool) -> BundleResult:
+    info = CubinInfo("sm_90a", 168, 0, 0, 0, (("HGMMA", 4),))
+    records = tuple(KernelRecord(f"{LONG_ID}_s{i + 2}", "sm_90a", status, 1.0, cubin=b"x", info=info,
+                                 error="deliberate" if status == "failed" else "")
+                    for i, status in enumerate(statuses))
+    return BundleResult("sm90a", "sm_90a", records, tmp_path / "sm90a", tmp_path / "sm90a" / "r.json",
+                        unchanged=unchanged)
+
+
+def test_a_noop_build_is_one_line_with_its_wall_time(tmp_path):
+    lines = _outcome(BuildResult((_bundle(tmp_path, ("cached",) * 94, unchanged=True),)), 0.4123)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("94 kernels, all cached;") and "sm90a unchanged" in lines[0]
+    assert lines[0].endswith("; 0.41 s")
+
+
+@pytest.mark.parametrize("statuses, unchanged", [
+    (("cached", "compiled"), False),  # one kernel compiled
+    (("cached", "cached"), False),  # all cached, but the bundle was (re)written, e.g. into a new --out
+    (("cached", "failed"), True),  # --allow-partial with a failure: the table shows it
+])
+def test_a_build_that_did_something_prints_the_table_and_ends_with_its_wall_time(tmp_path, statuses, unchanged):
+    lines = _outcome(BuildResult((_bundle(tmp_path, statuses, unchanged),)), 12.34)
+    assert sum(LONG_ID in line and "│" in line for line in lines) == 2, "one table row per kernel"
+    assert lines[-1].startswith("2 kernels: ") and lines[-1].endswith("; 12.3 s")

@@ -1,13 +1,19 @@
-"""The validate and schema commands: formats, exit codes, and a catalog with many mistakes."""
+"""The command line: formats, exit codes, a catalog with many mistakes, and the closest spelling of a typo."""
 
 from __future__ import annotations
 
 import json
+import sys
 
+import click
+import pytest
 from click.testing import CliRunner
 
+from builder import entry
+from builder.build import BuildRequest, Selection, build
 from builder.cli import main
-from builder.diagnostics import JSON_KEYS
+from builder.diagnostics import JSON_KEYS, DiagnosticError
+from builder.parallel import LocalExecutor
 from tests.fixture_catalogs import ROOT, expectations
 
 BROKEN = ROOT / "tests" / "fixtures" / "broken_catalog"
@@ -86,3 +92,107 @@ def test_schema_is_written_atomically_and_describes_the_catalog(tmp_path):
     assert list(tmp_path.iterdir()) == [out], "no temporary files left behind"
     facts = json.loads(run("schema", "--of", "facts").stdout)
     assert "mma_k_bytes" in facts["$defs"]["FactsBody"]["properties"]
+
+
+@pytest.mark.parametrize("args, suggestion", [
+    (["validate", "--format", "jsn"], "'json'"),
+    (["schema", "--of", "fact"], "'facts'"),
+    (["list", "--format", "txt"], "'text'"),
+    (["build", "--progress", "plian"], "'plain'"),
+    (["build", "--executor", "rya"], "'ray'"),
+])
+def test_a_mistyped_choice_is_a_usage_error_naming_the_closest(args, suggestion):
+    result = run(*args)
+    assert result.exit_code == 2
+    assert f"did you mean {suggestion}" in result.stderr.lower()
+
+
+def test_an_unknown_explain_id_names_the_closest_id():
+    result = run("validate", "--explain", "gemm_sm90_bf16_bf16_f32_bf16_tn_128x128x64_c1x3")
+    assert result.exit_code == 2
+    assert "did you mean 'gemm_sm90_bf16_bf16_f32_bf16_tn_128x128x64_c1x2'" in result.stderr
+
+
+@pytest.mark.parametrize("selection, suggestion", [
+    (Selection(arches=("sm90a",)), ["--arch sm_90a"]),
+    (Selection(pipelines=("sm91",), arches=("sm_90a",)), ["--pipeline sm90"]),
+    (Selection(only=("nothing*",)), []),
+])
+def test_an_empty_selection_names_the_closest_pipeline_and_target(selection, suggestion, tmp_path):
+    request = BuildRequest(root=ROOT, out_dir=tmp_path, cache_dir=tmp_path / "cache", executor=LocalExecutor(1),
+                           selection=selection)
+    with pytest.raises(DiagnosticError) as info:
+        build(request)
+    (problem,) = info.value.diagnostics
+    assert problem.rule == "BUILD-EMPTY" and problem.facts["did_you_mean"] == suggestion
+
+
+@pytest.mark.parametrize("args", [
+    ["validate", "no/such/dir"],
+    ["validate", "catalog/gemm/no-such.yaml"],
+    ["--root", "no/such/dir", "validate"],
+    ["validate", "--root", "no/such/dir"],
+    ["build", "--root", "no/such/dir"],
+    ["list", "--root", "no/such/dir"],
+    ["--root", str(ROOT), "package", "no/such/bundle"],
+    ["inspect", "no/such/bundle"],
+    ["diff", "no/such/old", "no/such/new"],
+    ["merge", "no/such/shard"],
+    ["tune", "no/such/bundle"],
+])
+def test_a_missing_path_is_a_usage_error(args, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+
+
+def test_root_may_follow_the_command(tmp_path, monkeypatch):
+    """docs/catalog.md's `tilekiln validate --root DIR`, run from another directory."""
+    monkeypatch.chdir(tmp_path)
+    after = CliRunner().invoke(main, ["validate", "--root", str(ROOT), "--format", "json", str(BROKEN)])
+    before = CliRunner().invoke(main, ["--root", str(ROOT), "validate", "--format", "json", str(BROKEN)])
+    assert after.exit_code == before.exit_code == 1
+    assert json.loads(after.stdout) == json.loads(before.stdout) != []
+    both = CliRunner().invoke(main, ["--root", str(ROOT), "validate", "--root", str(ROOT)])
+    assert both.exit_code == 0, both.output
+    listed = CliRunner().invoke(main, ["list", "--root", str(ROOT), "--format", "json", "--cache", str(tmp_path)])
+    assert listed.exit_code == 0 and json.loads(listed.stdout)
+
+
+def test_two_different_roots_are_a_usage_error(tmp_path):
+    result = CliRunner().invoke(main, ["--root", str(ROOT), "validate", "--root", str(tmp_path)])
+    assert result.exit_code == 2
+
+
+@pytest.mark.parametrize("argv, debug_env, traceback", [
+    (["validate"], None, False),
+    (["--debug", "validate"], None, True),
+    (["validate"], "1", True),
+    (["validate"], "0", False),
+])
+def test_an_internal_error_prints_its_traceback_only_when_asked(argv, debug_env, traceback, monkeypatch, capsys):
+    def broken(*args, **kwargs):
+        raise RuntimeError("deliberate")
+
+    monkeypatch.setattr("builder.validate.validate_project", broken)
+    monkeypatch.setattr(sys, "argv", ["tilekiln", "--root", str(ROOT), *argv])
+    monkeypatch.delenv("TILEKILN_DEBUG", raising=False)
+    if debug_env is not None:
+        monkeypatch.setenv("TILEKILN_DEBUG", debug_env)
+    with pytest.raises(SystemExit) as info:
+        entry.main()
+    assert info.value.code == 101
+    err = capsys.readouterr().err
+    assert "RuntimeError: deliberate" in err
+    assert ("Traceback (most recent call last)" in err) is traceback
+    assert ("rerun with --debug" in err) is not traceback
+
+
+def test_the_readme_synopsis_names_every_option_of_every_command():
+    text = (ROOT / "README.md").read_text()
+    synopsis = text.split("## The command line", 1)[1].split("\n## ", 1)[0]
+    commands = [("tilekiln", main), *main.commands.items()]
+    missing = [f"{name} {p.opts[-1]}" for name, command in commands for p in command.params
+               if isinstance(p, click.Option) and "--help" not in p.opts
+               and not any(f"{opt} " in synopsis or f"{opt}]" in synopsis for opt in p.opts)]
+    assert not missing, "add these to README's command-line synopsis"
