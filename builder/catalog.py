@@ -10,26 +10,22 @@ rejects. ``catalog/catalog.yaml`` holds the bundle version and size budget.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal, Mapping
 
-from pydantic import AfterValidator, Field, StrictBool, field_validator
+from pydantic import AfterValidator, Field, StrictBool, TypeAdapter, create_model, field_validator
 
-from builder.config import BlockScale, Cluster, DTypes, KernelConfig, Layout, Operand, Raster, Schedule, Tile
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
-from builder.dtypes import DType
-from builder.naming import format_kernel_id
 from builder.paths import display_path
 from builder.pydantic_errors import load_model, load_models
 from builder.yamlmodel import StrictPositiveInt, YamlModel
 from builder.yamlsrc import YamlDocument, YamlPath
-
-KERNEL_FIELDS = ("dtypes", "layout", "tile", "cluster", "cta_group", "block_scale", "schedule", "swap_ab", "raster",
-                 "swizzle", "evict_first", "stages")
-REQUIRED_FIELDS = ("dtypes", "layout", "tile", "cluster")
+from tilekiln.spec import (FAMILY_NAMES, LAYOUT_CODES, Codec, DType, EnumCodec, KernelConfig, Operand,
+                           config_fields, format_kernel_id)
 
 
 class DTypesModel(YamlModel):
@@ -44,7 +40,7 @@ class BlockScaleModel(YamlModel):
     block: StrictPositiveInt = Field(description="K elements sharing one scale factor, e.g. 16 or 32")
 
 
-LayoutCode = Literal["tn", "nn", "nt", "tt"]
+LayoutCode = Literal[LAYOUT_CODES]
 
 
 def _distinct(operands: list[Operand]) -> list[Operand]:
@@ -54,45 +50,37 @@ def _distinct(operands: list[Operand]) -> list[Operand]:
     return operands
 
 
-Operands = Annotated[list[Operand], AfterValidator(_distinct), Field(json_schema_extra={"uniqueItems": True})]
-Stages = StrictPositiveInt | Literal["auto"]
-TileShape = tuple[StrictPositiveInt, StrictPositiveInt, StrictPositiveInt]
-ClusterShape = tuple[StrictPositiveInt, StrictPositiveInt]
+# The YAML type of each value shape of tilekiln/spec.py (enumerations are their own types).
+YAML_TYPES: dict[str, object] = {
+    "family": Literal[FAMILY_NAMES],
+    "dtypes": DTypesModel,
+    "layout": LayoutCode,
+    "positive_ints3": tuple[StrictPositiveInt, StrictPositiveInt, StrictPositiveInt],
+    "positive_ints2": tuple[StrictPositiveInt, StrictPositiveInt],
+    "positive_int": StrictPositiveInt,
+    "bool": StrictBool,
+    "block_scale": BlockScaleModel,
+    "operands": Annotated[list[Operand], AfterValidator(_distinct), Field(json_schema_extra={"uniqueItems": True})],
+    "stages": StrictPositiveInt | Literal["auto"],
+}
 
 
-class KernelFields(YamlModel):
-    dtypes: DTypesModel | None = None
-    layout: LayoutCode | None = Field(
-        default=None, description="BLAS letters: A t=K-major/n=M-major, B n=K-major/t=N-major")
-    tile: TileShape | None = Field(default=None, description="CTA tile [M, N, K]")
-    cluster: ClusterShape | None = Field(default=None, description="cluster shape [M, N] in CTAs")
-    cta_group: StrictPositiveInt | None = Field(default=None,
-                                                description="CTAs per MMA instruction: 1, or 2 for a CTA pair")
-    block_scale: BlockScaleModel | None = Field(default=None, description="block-scaled operands: scale type and block")
-    schedule: Schedule | None = None
-    swap_ab: StrictBool | None = Field(default=None,
-                                       description="compute C^T = B^T A^T; tile and cluster in the MMA's terms")
-    raster: Raster | None = None
-    swizzle: StrictPositiveInt | None = Field(default=None,
-                                              description="tiles per band in the raster walk (L2 reuse)")
-    evict_first: Operands | None = Field(
-        default=None, description="operands (a, b) whose loads hint the L2 to evict them first: data read once")
-    stages: Stages | None = Field(default=None, description="shared-memory pipeline depth, or auto")
+def yaml_type(codec: Codec) -> object:
+    """What a catalog file may write for a field of this codec."""
+    return codec.enum if isinstance(codec, EnumCodec) else YAML_TYPES[codec.shape]
 
 
-class SweepFields(YamlModel):
-    dtypes: list[DTypesModel] | None = Field(default=None, min_length=1)
-    layout: list[LayoutCode] | None = Field(default=None, min_length=1)
-    tile: list[TileShape] | None = Field(default=None, min_length=1)
-    cluster: list[ClusterShape] | None = Field(default=None, min_length=1)
-    cta_group: list[StrictPositiveInt] | None = Field(default=None, min_length=1)
-    block_scale: list[BlockScaleModel] | None = Field(default=None, min_length=1)
-    schedule: list[Schedule] | None = Field(default=None, min_length=1)
-    swap_ab: list[StrictBool] | None = Field(default=None, min_length=1)
-    raster: list[Raster] | None = Field(default=None, min_length=1)
-    swizzle: list[StrictPositiveInt] | None = Field(default=None, min_length=1)
-    evict_first: list[Operands] | None = Field(default=None, min_length=1)
-    stages: list[Stages] | None = Field(default=None, min_length=1)
+# Every kernel field but the pipeline, which the catalog file names for all its kernels.
+KERNEL_FIELDS = tuple((f, s) for f, s in config_fields() if f.name != "pipeline")
+REQUIRED_FIELDS = tuple(f.name for f, _ in KERNEL_FIELDS if f.default is dataclasses.MISSING)
+_PLAIN = {f.name: TypeAdapter(yaml_type(s.codec)) for f, s in KERNEL_FIELDS}
+
+KernelFields = create_model(
+    "KernelFields", __base__=YamlModel, __doc__="A kernel's fields (tilekiln/spec.py, KernelConfig)",
+    **{f.name: (yaml_type(s.codec) | None, Field(default=None, description=s.description)) for f, s in KERNEL_FIELDS})
+SweepFields = create_model(
+    "SweepFields", __base__=YamlModel, __doc__="Lists of values whose cartesian product is taken",
+    **{f.name: (list[yaml_type(s.codec)] | None, Field(default=None, min_length=1)) for f, s in KERNEL_FIELDS})
 
 
 class KernelItem(KernelFields):
@@ -215,14 +203,14 @@ def _expand(model: CatalogFile, doc: YamlDocument, problems: list) -> list[Catal
     out: list[CatalogEntry] = []
     for i, item in enumerate(model.kernels):
         base: dict[str, tuple[object, YamlPath]] = {}
-        for name in KERNEL_FIELDS:
+        for name in (f.name for f, _ in KERNEL_FIELDS):
             if getattr(model.defaults, name) is not None:
                 base[name] = (getattr(model.defaults, name), ("defaults", name))
             if getattr(item, name) is not None:
                 base[name] = (getattr(item, name), ("kernels", i, name))
         sweep_axes = []
         if item.sweep is not None:
-            for name in KERNEL_FIELDS:
+            for name in (f.name for f, _ in KERNEL_FIELDS):
                 values = getattr(item.sweep, name)
                 if values is None:
                     continue
@@ -249,27 +237,8 @@ def _expand(model: CatalogFile, doc: YamlDocument, problems: list) -> list[Catal
 
 
 def _make_config(pipeline: str, fields: dict[str, tuple[object, YamlPath]]) -> KernelConfig:
-    def get(name, default=None):
-        return fields[name][0] if name in fields else default
-
-    d = get("dtypes")
-    tile = get("tile")
-    cluster = get("cluster")
-    stages = get("stages")
-    scale = get("block_scale")
-    return KernelConfig(
-        pipeline=pipeline,
-        dtypes=DTypes(d.a, d.b, d.acc, d.c),
-        layout=Layout.from_code(get("layout")),
-        tile=Tile(*tile),
-        cluster=Cluster(*cluster),
-        schedule=get("schedule", Schedule.COOPERATIVE),
-        swap_ab=get("swap_ab", False),
-        raster=get("raster", Raster.M),
-        swizzle=get("swizzle", 1),
-        evict_first=frozenset(get("evict_first", ())),
-        stages=None if stages in (None, "auto") else stages,
-        cta_group=get("cta_group", 1),
-        block_scale=None if scale is None else BlockScale(scale.scale, scale.block),
-    )
-
+    """The config of validated YAML values: each is spelled plain, then typed by its codec."""
+    specs = {f.name: spec for f, spec in KERNEL_FIELDS}
+    return KernelConfig(pipeline=pipeline, **{
+        name: specs[name].codec.typed(_PLAIN[name].dump_python(value, mode="json"))
+        for name, (value, _) in fields.items()})

@@ -18,7 +18,7 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import Field, StrictBool, StrictInt, model_validator
 
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
-from builder.dtypes import DType
+from tilekiln.spec import DType
 from builder.paths import display_path
 from builder.pydantic_errors import load_models
 from builder.yamlmodel import YamlModel

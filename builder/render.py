@@ -1,7 +1,7 @@
 """Render a validated kernel into a CuTe DSL Python source.
 
 Only typed, validated values reach a template: the context below is built
-from the :class:`~builder.config.KernelConfig` and its derived plan, and the
+from the :class:`~tilekiln.spec.KernelConfig` and its derived plan, and the
 Jinja environment uses ``StrictUndefined`` so a misspelled variable is an
 error, not an empty string.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import jinja2
 
-from builder.config import Schedule
+from tilekiln.spec import Schedule
 from builder.derive import Tcgen05Plan
 from builder.rules import KernelContext
 

@@ -15,31 +15,48 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import dataclasses
 from typing import Annotated, Literal
 
-from pydantic import Field, PositiveInt, StrictBool, StrictInt, model_validator
+from pydantic import Field, PositiveInt, StrictBool, StrictInt, TypeAdapter, create_model, model_validator
 
-from builder.catalog import BlockScaleModel, DTypesModel, LayoutCode
-from builder.config import KernelConfig, Schedule
+from builder.catalog import yaml_type
+from tilekiln.spec import FAMILY_NAMES, FieldSpec, KernelConfig, config_fields
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.pydantic_errors import load_models
 from builder.yamlmodel import StrictPositiveInt, YamlModel
 
 
-class Supports(YamlModel):
-    dtypes: list[DTypesModel] = Field(min_length=1)
-    layouts: list[LayoutCode] = Field(min_length=1)
-    schedules: list[Schedule] = Field(min_length=1)
-    cta_groups: list[StrictPositiveInt] = Field(default=[1], min_length=1)
-    tile_m: dict[PositiveInt, list[StrictPositiveInt]] | None = Field(
-        default=None, description="per CTA group, the CTA tile M values implemented (all legal ones if absent)")
-    block_scales: list[BlockScaleModel] = Field(default=[], description="block-scaled operand formats implemented")
-    b_rows_multiple: StrictPositiveInt | None = Field(
-        default=None, description="B rows one CTA loads (tile N / cta_group) must be a multiple of this")
-    swap_ab: StrictBool = Field(
-        default=False, description="builds swap_ab kernels (C^T = B^T A^T, C stored M-major)")
-    evict_first: StrictBool = Field(
-        default=False, description="hints operand loads EVICT_FIRST in the L2 (evict_first)")
+def _support_fields() -> dict[str, tuple[object, object]]:
+    """The ``supports`` keys the spec names (tilekiln/spec.py, FieldSpec.support): per field, the
+    values a template builds (a field without a default must list them; one with a default builds
+    the default unless it says otherwise), or a flag that allows a non-default value at all."""
+    out = {}
+    for f, s in config_fields():
+        if s.support is None:
+            continue
+        key, kind = s.support
+        if kind == "flag":
+            out[key] = (StrictBool, Field(default=False, description=f"builds non-default {f.name}: {s.description}"))
+        elif f.default is dataclasses.MISSING:
+            out[key] = (list[yaml_type(s.codec)], Field(min_length=1, description=f"{f.name} values built"))
+        else:
+            default = [] if f.default is None else [_plain(f.name, s, f.default)]
+            out[key] = (list[yaml_type(s.codec)], Field(default=default, description=f"{f.name} values built"))
+    return out
+
+
+def _plain(name: str, spec: FieldSpec, value: object) -> object:
+    return TypeAdapter(yaml_type(spec.codec)).validate_python(spec.codec.plain(value), strict=False)
+
+
+Supports = create_model(
+    "Supports", __base__=YamlModel, __doc__="What a template builds, by kernel field (tilekiln/spec.py)",
+    tile_m=(dict[PositiveInt, list[StrictPositiveInt]] | None, Field(
+        default=None, description="per CTA group, the CTA tile M values implemented (all legal ones if absent)")),
+    b_rows_multiple=(StrictPositiveInt | None, Field(
+        default=None, description="B rows one CTA loads (tile N / cta_group) must be a multiple of this")),
+    **_support_fields())
 
 
 class Sm90Parameters(YamlModel):
@@ -84,7 +101,8 @@ TemplateParameters = Annotated[Sm90Parameters | Tcgen05Parameters, Field(discrim
 
 class TemplateManifest(YamlModel):
     template: str
-    pipeline: str
+    pipelines: list[str] = Field(min_length=1, description="the pipelines it serves")
+    families: list[Literal[FAMILY_NAMES]] = Field(min_length=1, description="the kernel families it implements")
     supports: Supports
     parameters: TemplateParameters
 
@@ -103,22 +121,20 @@ class Template:
     def unsupported(self, config: KernelConfig) -> tuple[str, str] | None:
         """(catalog field, why) if this template cannot build ``config``, else None."""
         s = self.manifest.supports
-        d = config.dtypes
-        if not any((x.a, x.b, x.acc, x.c) == (d.a, d.b, d.acc, d.c) for x in s.dtypes):
-            offered = ", ".join(f"{x.a.value}/{x.b.value}/{x.acc.value}/{x.c.value}" for x in s.dtypes)
-            return "dtypes", f"dtypes {'/'.join(d.tokens)} are not implemented (offered: {offered})"
-        if config.layout.code not in s.layouts:
-            return "layout", f"layout {config.layout.code} is not implemented (offered: {', '.join(s.layouts)})"
-        if config.schedule not in s.schedules:
-            return "schedule", (f"schedule {config.schedule.value} is not implemented "
-                                f"(offered: {', '.join(x.value for x in s.schedules)})")
-        if config.swap_ab and not s.swap_ab:
-            return "swap_ab", "swap_ab kernels (C^T = B^T A^T) are not implemented"
-        if config.evict_first and not s.evict_first:
-            return "evict_first", "L2 eviction hints on the operand loads (evict_first) are not implemented"
-        if config.cta_group not in s.cta_groups:
-            return "cta_group", (f"cta_group {config.cta_group} is not implemented "
-                                 f"(offered: {', '.join(map(str, s.cta_groups))})")
+        for f, spec in config_fields():
+            if spec.support is None:
+                continue
+            key, kind = spec.support
+            value = getattr(config, f.name)
+            if kind == "flag":
+                if value != f.default and not getattr(s, key):
+                    return f.name, f"{f.name} {spec.codec.describe(value)} is not implemented (only the default)"
+                continue
+            offered = [spec.codec.typed(TypeAdapter(yaml_type(spec.codec)).dump_python(v, mode="json"))
+                       for v in getattr(s, key)]
+            if not (value is None and f.default is None) and value not in offered:
+                names = ", ".join(spec.codec.describe(v) for v in offered) or "none"
+                return f.name, f"{f.name} {spec.codec.describe(value)} is not implemented (offered: {names})"
         if s.tile_m is not None and config.tile.m not in s.tile_m.get(config.cta_group, []):
             offered = ", ".join(map(str, s.tile_m.get(config.cta_group, []))) or "none"
             return "tile", f"tile M {config.tile.m} is not implemented with cta_group {config.cta_group} " \
@@ -128,11 +144,6 @@ class Template:
             step = s.b_rows_multiple * config.cta_group
             return "tile", (f"tile N {config.tile.n} gives each CTA {config.tile.n / config.cta_group:g} rows of B, not "
                             f"a multiple of {s.b_rows_multiple} (use tile N a multiple of {step})")
-        scale = config.block_scale
-        if scale is not None and not any((x.scale, x.block) == (scale.scale, scale.block) for x in s.block_scales):
-            offered = ", ".join(f"{x.scale.value}x{x.block}" for x in s.block_scales) or "none, dense only"
-            return "block_scale", f"block_scale {scale.scale.value}x{scale.block} is not implemented " \
-                                  f"(offered: {offered})"
         return None
 
 
@@ -141,11 +152,10 @@ class TemplateSet:
     templates: tuple[Template, ...]
     directory: Path
 
-    def for_pipeline(self, pipeline: str) -> Template | None:
-        for t in self.templates:
-            if t.manifest.pipeline == pipeline:
-                return t
-        return None
+    def serving(self, pipeline: str, family: str) -> tuple[Template, ...]:
+        """The templates that implement ``family`` on ``pipeline``; the validator reports none
+        or several (TEMPLATE-SUPPORT, TEMPLATE-AMBIGUOUS)."""
+        return tuple(t for t in self.templates if pipeline in t.manifest.pipelines and family in t.manifest.families)
 
 
 def load_templates(directory: Path, display_root: Path | None = None) -> TemplateSet:

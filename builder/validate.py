@@ -116,7 +116,16 @@ def check_catalog(catalog: Catalog, facts: FactTable, templates: TemplateSet, tu
                 + f"add catalog/hardware/{exc.name}.yaml or use one of {', '.join(exc.known)}",
                 facts={"did_you_mean": close}))
             continue
-        template = templates.for_pipeline(entry.config.pipeline)
+        serving = templates.serving(entry.config.pipeline, entry.config.family)
+        if len(serving) > 1:
+            names = ", ".join(f"{t.name} ({t.manifest_file})" for t in serving)
+            diagnostics.append(Diagnostic(
+                "TEMPLATE-AMBIGUOUS", f"{kid}: templates {names} all implement family {entry.config.family} on "
+                f"pipeline {entry.config.pipeline}", entry.locate("pipeline"),
+                "remove the pipeline or the family from all of their manifests but one",
+                facts={"templates": [t.name for t in serving]}))
+            continue
+        template = serving[0] if serving else None
         made, missing = run(lambda e: [make_context(e, pipeline_facts, template)], entry, "plan", kid)
         if missing:
             diagnostics.extend(made)

@@ -8,7 +8,7 @@ module per MMA family: ``sm90`` (warpgroup MMA) and ``tcgen05``.
 
 from __future__ import annotations
 
-from builder.config import KernelConfig
+from tilekiln.spec import KernelConfig
 from builder.derive.common import SmemUse, align_up
 from builder.derive.sm90 import Sm90Plan, plan_sm90, sm90_smem
 from builder.derive.tcgen05 import Tcgen05Plan, plan_tcgen05, tcgen05_smem, tmem_accumulator_columns

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from builder.config import KernelConfig, Schedule
+from tilekiln.spec import KernelConfig, Schedule
 from builder.derive.common import SmemUse, storage_layout
 from builder.facts import PipelineFacts
 from builder.templates import Template

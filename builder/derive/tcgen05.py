@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from builder.config import KernelConfig
+from tilekiln.spec import KernelConfig
 from builder.derive.common import SmemUse, align_up, storage_layout
 from builder.facts import PipelineFacts
 from builder.templates import Tcgen05Parameters

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from builder.config import Schedule
+from tilekiln.spec import Schedule
 from builder.derive import Sm90Plan
 from builder.diagnostics import Diagnostic
 from builder.rules.registry import KernelContext, rule

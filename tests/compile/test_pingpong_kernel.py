@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from builder.config import Schedule
+from tilekiln.spec import Schedule
 from builder.derive.sm90 import sm90_smem
 from builder.validate import Project, validate_project
 from tests.compile.conftest import make_project, run_build

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from builder.catalog import CatalogFile, load_catalog, parse_size
 from builder.diagnostics import DiagnosticError
 from builder.facts import FactsFile
-from builder.naming import parse_kernel_id
+from tilekiln.spec import parse_kernel_id
 from builder.pydantic_errors import diagnostics_from_validation
 from builder.templates import TemplateManifest
 from builder.validate import Project, validate_project

@@ -7,12 +7,12 @@ import dataclasses
 import pytest
 from hypothesis import given, strategies as st
 
-from builder.config import BlockScale, Cluster, DTypes, KernelConfig, Layout, Operand, Raster, Schedule, Tile
-from builder.dtypes import DType
-from builder.naming import KernelIdError, format_kernel_id, parse_kernel_id
+from tilekiln.spec import (FAMILY_NAMES, BlockScale, Cluster, DType, DTypes, KernelConfig, KernelIdError, Layout,
+                           Operand, Raster, Schedule, Tile, format_kernel_id, parse_kernel_id)
 
 configs = st.builds(
     KernelConfig,
+    family=st.sampled_from(FAMILY_NAMES),
     pipeline=st.sampled_from(["sm90", "sm100", "sm103", "sm107"]),
     dtypes=st.builds(DTypes, st.sampled_from(DType), st.sampled_from(DType), st.sampled_from(DType),
                      st.sampled_from(DType)),
@@ -86,7 +86,15 @@ PERTURBATIONS = {
 
 
 def test_every_field_is_covered_by_a_perturbation():
-    assert set(PERTURBATIONS) == {f.name for f in dataclasses.fields(KernelConfig)}
+    # family has one value until a second family exists; test_the_family_leads_the_id covers it
+    assert set(PERTURBATIONS) == {f.name for f in dataclasses.fields(KernelConfig)} - {"family"}
+
+
+def test_the_family_leads_the_id():
+    for family in FAMILY_NAMES:
+        assert format_kernel_id(dataclasses.replace(BASE, family=family)).startswith(f"{family}_sm90_")
+    with pytest.raises(KernelIdError):
+        parse_kernel_id("nope_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1")
 
 
 @pytest.mark.parametrize("field", sorted(PERTURBATIONS))

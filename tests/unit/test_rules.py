@@ -13,7 +13,7 @@ from builder.validate import Project, validate_project
 from tests.fixture_catalogs import FIXTURES, expectations, found, make_project, overlay_files, validate_fixture
 
 # Diagnostics that come from loading files rather than from RULES.
-LOADER_IDS = ("YAML-SYNTAX", "YAML-DUPLICATE-KEY", "CATALOG-SCHEMA", "CATALOG-INCOMPLETE", "CATALOG-SWEEP",
+LOADER_IDS = ("YAML-SYNTAX", "TEMPLATE-AMBIGUOUS", "YAML-DUPLICATE-KEY", "CATALOG-SCHEMA", "CATALOG-INCOMPLETE", "CATALOG-SWEEP",
               "UNKNOWN-PIPELINE", "FACT-MISSING", "FACTS-SCHEMA", "FACTS-NAME", "TEMPLATE-MANIFEST")
 RULE_IDS = tuple(dict.fromkeys(r.id for r in RULES))
 FAIL = [(d.name, f) for d in sorted(FIXTURES.iterdir()) if d.is_dir() for f in sorted(d.glob("fail*.yaml"))]

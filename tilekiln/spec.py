@@ -1,0 +1,762 @@
+"""The kernel spec: each kernel field, element type, layout letter, contract, family argument list
+and manifest record, stated once for the builder and the runtime.
+
+Standard library only. What is derived from it, and where:
+
+- the catalog's pydantic models, the JSON Schema and the template manifests'
+  ``supports`` (builder/load/models.py) from :class:`KernelConfig`'s fields;
+- the kernel id grammar (:func:`format_kernel_id`, :func:`parse_kernel_id`) from
+  each field's codec;
+- the render context's config values (builder/render.py) from the fields;
+- the glue's argument structs (templates/link/glue.c.j2), the ctypes packing
+  (tilekiln/_native.py) and each template's ``__call__`` and fake arguments
+  (templates/common/) from :data:`FAMILIES`;
+- the manifest's kernel records, written by the builder and read by the
+  runtime, from :class:`KernelRecord`;
+- the element sizes the runtime checks strides with, from :data:`DTYPES`.
+
+Adding a kernel field is one line in :class:`KernelConfig` (its codec, default
+and description); adding an operand is one entry in a family's arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# -- element types -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DTypeSpec:
+    """One element type: its token (in YAML, ids, manifests and the runtime), width and other names."""
+
+    token: str
+    bits: int
+    cutlass: str  # the CuTe DSL type the templates use
+    torch: str | None  # the torch dtype's name, where torch has one
+    typestr: str | None = None  # __cuda_array_interface__ typestr, where numpy has one
+
+
+DTYPES: dict[str, DTypeSpec] = {d.token: d for d in (
+    DTypeSpec("bf16", 16, "BFloat16", "bfloat16"),
+    DTypeSpec("f16", 16, "Float16", "float16", "<f2"),
+    DTypeSpec("f32", 32, "Float32", "float32", "<f4"),
+    DTypeSpec("tf32", 32, "TFloat32", None),
+    DTypeSpec("e4m3", 8, "Float8E4M3FN", "float8_e4m3fn"),
+    DTypeSpec("e5m2", 8, "Float8E5M2", "float8_e5m2"),
+    DTypeSpec("i8", 8, "Int8", "int8", "|i1"),
+    DTypeSpec("u8", 8, "Uint8", "uint8", "|u1"),
+    DTypeSpec("i32", 32, "Int32", "int32", "<i4"),
+    DTypeSpec("e2m1", 4, "Float4E2M1FN", "float4_e2m1fn_x2"),
+    DTypeSpec("e8m0", 8, "Float8E8M0FNU", "float8_e8m0fnu"),
+    DTypeSpec("e5m3", 8, "Float8E5M3", None),
+)}
+
+
+class _DTypeMembers(str, enum.Enum):
+    @property
+    def bits(self) -> int:
+        return DTYPES[self.value].bits
+
+    @property
+    def cutlass_name(self) -> str:
+        return DTYPES[self.value].cutlass
+
+    def elements_per(self, nbytes: int) -> int:
+        """How many elements fill ``nbytes`` bytes (16 B of bf16 = 8)."""
+        return nbytes * 8 // self.bits
+
+
+DType = _DTypeMembers("DType", [(t.upper(), t) for t in DTYPES], module=__name__)
+DType.__doc__ = "An element type, spelled by its token (DType('bf16'))."
+
+
+def itemsize(token: str) -> int:
+    """Bytes per element of a byte-addressable type (the runtime's operands)."""
+    return DTYPES[token].bits // 8
+
+
+# -- enumerations and value types of the fields --------------------------------------------------
+
+
+class Schedule(str, enum.Enum):
+    """How the consumer warpgroups share work (sm90). cooperative: all work on one CTA tile,
+    split along M. pingpong: each owns whole tiles and the two alternate, so one's epilogue
+    overlaps the other's mainloop."""
+
+    COOPERATIVE = "cooperative"
+    PINGPONG = "pingpong"
+
+
+class Raster(str, enum.Enum):
+    """Order in which a persistent CTA walks output tiles: down M first or along N first."""
+
+    M = "m"
+    N = "n"
+
+
+class Operand(str, enum.Enum):
+    """A GEMM input in the problem's terms: A (M x K) or B (K x N)."""
+
+    A = "a"
+    B = "b"
+
+
+@dataclass(frozen=True)
+class DTypes:
+    a: DType
+    b: DType
+    acc: DType
+    c: DType
+
+    @property
+    def tokens(self) -> tuple[str, str, str, str]:
+        return (self.a.value, self.b.value, self.acc.value, self.c.value)
+
+
+# BLAS letters: A ``t`` = row-major (K-major), ``n`` = M-major; B ``n`` = column-major K x N
+# (K-major), ``t`` = N-major. C is always row-major. Majorness in the runtime's terms: A "k"|"m",
+# B "k"|"n", C "n".
+LAYOUT_CODES = ("tn", "nn", "nt", "tt")
+
+
+@dataclass(frozen=True)
+class Layout:
+    a_k_major: bool
+    b_k_major: bool
+
+    @property
+    def swapped(self) -> Layout:
+        """The layout of the swapped product B^T A^T: its A is this B and its B this A."""
+        return Layout(a_k_major=self.b_k_major, b_k_major=self.a_k_major)
+
+    @property
+    def code(self) -> str:
+        return ("t" if self.a_k_major else "n") + ("n" if self.b_k_major else "t")
+
+    @property
+    def majors(self) -> tuple[str, str, str]:
+        """Majorness of A, B and C in the runtime's letters."""
+        return ("k" if self.a_k_major else "m", "k" if self.b_k_major else "n", "n")
+
+    @classmethod
+    def from_code(cls, code: str) -> Layout:
+        if code not in LAYOUT_CODES:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUT_CODES)}, got {code!r}")
+        return cls(a_k_major=code[0] == "t", b_k_major=code[1] == "n")
+
+
+@dataclass(frozen=True)
+class Tile:
+    """The CTA tile: the M x N output block one CTA computes and the K elements of one
+    pipeline stage. Under a 2-CTA MMA a CTA pair covers 2M x N."""
+
+    m: int
+    n: int
+    k: int
+
+
+@dataclass(frozen=True)
+class Cluster:
+    m: int
+    n: int
+
+    @property
+    def size(self) -> int:
+        return self.m * self.n
+
+
+@dataclass(frozen=True)
+class BlockScale:
+    """Block-scaled operands: one ``scale``-typed factor per ``block`` consecutive K elements."""
+
+    scale: DType
+    block: int
+
+
+# -- codecs: how a field's value is spelled in YAML/JSON, in ids, and held ---------------------
+
+
+class Codec:
+    """One kind of field value. ``plain`` is its JSON/YAML spelling, ``token`` its spelling in a
+    kernel id (``pattern`` matches it, ``form`` describes it to people), ``shape`` names the
+    YAML type the builder validates."""
+
+    shape: str
+    pattern: str
+    form: str
+
+    def plain(self, value: Any) -> Any:
+        return value
+
+    def typed(self, plain: Any) -> Any:
+        return plain
+
+    def token(self, value: Any) -> str:
+        return str(value)
+
+    def untoken(self, text: str) -> Any:
+        return self.typed(text)
+
+    def describe(self, value: Any) -> str:
+        """The value in a message."""
+        return self.token(value)
+
+
+class EnumCodec(Codec):
+    def __init__(self, enum_type: type[enum.Enum], prefix: str = ""):
+        self.enum, self.prefix, self.shape = enum_type, prefix, enum_type.__name__
+        self.pattern = re.escape(prefix) + "(?:" + "|".join(re.escape(m.value) for m in enum_type) + ")"
+        values = "|".join(m.value for m in enum_type)
+        self.form = f"{prefix}<{values}>" if prefix else values
+
+    def plain(self, value):
+        return value.value
+
+    def typed(self, plain):
+        return self.enum(plain)
+
+    def token(self, value):
+        return self.prefix + value.value
+
+    def untoken(self, text):
+        return self.enum(text[len(self.prefix):])
+
+    def describe(self, value):
+        return value.value
+
+
+class FlagCodec(Codec):
+    """A boolean whose id token is a word, present when true."""
+
+    shape = "bool"
+
+    def __init__(self, word: str):
+        self.word, self.pattern, self.form = word, re.escape(word), word
+
+    def token(self, value):
+        return self.word
+
+    def untoken(self, text):
+        return True
+
+    def describe(self, value):
+        return "true" if value else "false"
+
+
+class CountCodec(Codec):
+    """A positive integer, spelled ``<prefix><n><suffix>`` in ids."""
+
+    shape = "positive_int"
+
+    def __init__(self, prefix: str = "", suffix: str = ""):
+        self.prefix, self.suffix = prefix, suffix
+        self.pattern = re.escape(prefix) + r"[1-9]\d*" + re.escape(suffix)
+        self.form = f"{prefix}<n>{suffix}"
+
+    def token(self, value):
+        return f"{self.prefix}{value}{self.suffix}"
+
+    def untoken(self, text):
+        return int(text[len(self.prefix):len(text) - len(self.suffix)])
+
+    def describe(self, value):
+        return str(value)
+
+
+class StagesCodec(CountCodec):
+    """A positive stage count, or ``auto`` (None: as many as shared memory holds)."""
+
+    shape = "stages"
+
+    def __init__(self):
+        super().__init__("s")
+
+    def plain(self, value):
+        return "auto" if value is None else value
+
+    def typed(self, plain):
+        return None if plain == "auto" else plain
+
+
+class ExtentsCodec(Codec):
+    """A small dataclass of positive integers, spelled ``<prefix>AxBxC`` in ids and as a list in YAML."""
+
+    def __init__(self, value_type: type, prefix: str = ""):
+        self.type, self.prefix = value_type, prefix
+        self.names = tuple(f.name for f in dataclasses.fields(value_type))
+        self.shape = f"positive_ints{len(self.names)}"
+        self.pattern = re.escape(prefix) + "x".join([r"[1-9]\d*"] * len(self.names))
+        self.form = prefix + "x".join(f"<{n.upper()}>" for n in self.names)
+
+    def plain(self, value):
+        return [getattr(value, n) for n in self.names]
+
+    def typed(self, plain):
+        return self.type(*plain)
+
+    def token(self, value):
+        return self.prefix + "x".join(str(getattr(value, n)) for n in self.names)
+
+    def untoken(self, text):
+        return self.type(*(int(p) for p in text[len(self.prefix):].split("x")))
+
+
+_DT = "(?:" + "|".join(sorted((re.escape(t) for t in DTYPES), key=len, reverse=True)) + ")"
+
+
+class DTypesCodec(Codec):
+    shape = "dtypes"
+    pattern = "_".join([_DT] * 4)
+    form = "<a>_<b>_<acc>_<c>"
+
+    def plain(self, value):
+        return {"a": value.a.value, "b": value.b.value, "acc": value.acc.value, "c": value.c.value}
+
+    def typed(self, plain):
+        return DTypes(DType(plain["a"]), DType(plain["b"]), DType(plain["acc"]), DType(plain["c"]))
+
+    def token(self, value):
+        return "_".join(value.tokens)
+
+    def untoken(self, text):
+        return DTypes(*(DType(t) for t in text.split("_")))
+
+    def describe(self, value):
+        return "/".join(value.tokens)
+
+
+class LayoutCodec(Codec):
+    shape = "layout"
+    pattern = "(?:" + "|".join(LAYOUT_CODES) + ")"
+    form = "|".join(LAYOUT_CODES)
+
+    def plain(self, value):
+        return value.code
+
+    def typed(self, plain):
+        return Layout.from_code(plain)
+
+    def token(self, value):
+        return value.code
+
+
+class BlockScaleCodec(Codec):
+    shape = "block_scale"
+    pattern = "sf" + _DT + r"x[1-9]\d*"
+    form = "sf<scale>x<block>"
+
+    def plain(self, value):
+        return None if value is None else {"scale": value.scale.value, "block": value.block}
+
+    def typed(self, plain):
+        return None if plain is None else BlockScale(DType(plain["scale"]), plain["block"])
+
+    def token(self, value):
+        return f"sf{value.scale.value}x{value.block}"
+
+    def untoken(self, text):
+        scale, block = text[2:].rsplit("x", 1)
+        return BlockScale(DType(scale), int(block))
+
+    def describe(self, value):
+        return "none" if value is None else f"{value.scale.value}x{value.block}"
+
+
+class OperandsCodec(Codec):
+    """A set of problem operands, spelled ``<prefix><letters>`` in ids (sorted) and as a list in YAML."""
+
+    shape = "operands"
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.pattern = re.escape(prefix) + "a?b?"
+        self.form = f"{prefix}<a|b|ab>"
+
+    def plain(self, value):
+        return sorted(o.value for o in value)
+
+    def typed(self, plain):
+        return frozenset(Operand(o) for o in plain)
+
+    def token(self, value):
+        return self.prefix + "".join(sorted(o.value for o in value))
+
+    def untoken(self, text):
+        return frozenset(Operand(c) for c in text[len(self.prefix):])
+
+
+class NameCodec(Codec):
+    def __init__(self, shape: str, pattern: str, form: str):
+        self.shape, self.pattern, self.form = shape, pattern, form
+
+
+# -- kernel fields ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """What the spec says of one kernel field.
+
+    ``positional``: always in the id, in field order; the others appear as options in field order,
+    only when they differ from the default. ``selection``: the runtime tells kernels apart by it
+    (``selection_view`` narrows the value to the part it sees). ``support``: the template manifest
+    key that lists the values a template builds (``"values"``), or that allows a non-default value
+    at all (``"flag"``); None: any template builds any value the rules accept.
+    """
+
+    codec: Codec
+    description: str
+    positional: bool = False
+    selection: bool = False
+    selection_view: Callable[[Any], Any] | None = None
+    support: tuple[str, str] | None = None  # (supports key, "values" | "flag")
+
+
+def _field(codec: Codec, description: str, default: Any = dataclasses.MISSING, **spec: Any):
+    return field(default=default, metadata={"spec": FieldSpec(codec, description, **spec)})
+
+
+FAMILY_NAMES = ("gemm",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelConfig:
+    """One kernel: C[M,N] = A[M,K] @ B[K,N], batched over L, as its family computes it.
+
+    Canonical: a choice equal to its default is the default, so equal kernels compare and
+    name equal. tile, cluster and stages are in the MMA's terms (under swap_ab, its M runs
+    along the problem's N); dtypes, layout and the kernel's arguments stay the problem's.
+    """
+
+    family: str = _field(NameCodec("family", "|".join(FAMILY_NAMES), "|".join(FAMILY_NAMES)), "kernel family (its arguments: FAMILIES)",
+                         "gemm", positional=True, selection=True)
+    pipeline: str = _field(NameCodec("pipeline", r"sm\d+", "sm<NN>"), "GPU pipeline, e.g. sm90",
+                           positional=True, selection=True)
+    dtypes: DTypes = _field(DTypesCodec(), "element types of A, B, the accumulator and C",
+                            positional=True, selection=True, support=("dtypes", "values"))
+    layout: Layout = _field(LayoutCodec(), "BLAS letters: A t=K-major/n=M-major, B n=K-major/t=N-major",
+                            positional=True, selection=True, support=("layouts", "values"))
+    tile: Tile = _field(ExtentsCodec(Tile), "CTA tile [M, N, K]", positional=True, selection=True,
+                        selection_view=lambda t: (t.m, t.n))
+    cluster: Cluster = _field(ExtentsCodec(Cluster, "c"), "cluster shape [M, N] in CTAs", positional=True,
+                              selection=True)
+    schedule: Schedule = _field(EnumCodec(Schedule), "how consumer warpgroups share work", Schedule.COOPERATIVE,
+                                support=("schedules", "values"))
+    # C^T = B^T A^T: a skinny M (a decode batch) fills the MMA's N instead of padding its 64-row M.
+    swap_ab: bool = _field(FlagCodec("swapab"), "compute C^T = B^T A^T; tile and cluster in the MMA's terms",
+                           False, selection=True, support=("swap_ab", "flag"))
+    cta_group: int = _field(CountCodec(suffix="cta"), "CTAs per MMA instruction: 1, or 2 for a CTA pair", 1,
+                            support=("cta_groups", "values"))
+    block_scale: BlockScale | None = _field(BlockScaleCodec(), "block-scaled operands: scale type and block", None,
+                                            selection=True, support=("block_scales", "values"))
+    raster: Raster = _field(EnumCodec(Raster, "r"), "order of the persistent tile walk", Raster.M)
+    swizzle: int = _field(CountCodec("sw"), "tiles per band in the raster walk (L2 reuse)", 1)
+    # Data read once (the weights of a skinny GEMM) gives way first, so the operand every CTA
+    # re-reads stays in the L2.
+    evict_first: frozenset[Operand] = _field(
+        OperandsCodec("ef"), "operands (a, b) whose loads hint the L2 to evict them first: data read once",
+        frozenset(), support=("evict_first", "flag"))
+    stages: int | None = _field(StagesCodec(), "shared-memory pipeline depth, or auto", None)
+
+    @property
+    def mma_evict_first(self) -> tuple[bool, bool]:
+        """Whether the MMA's own A and B loads are hinted EVICT_FIRST (the problem's B and A when swapped)."""
+        a, b = Operand.A in self.evict_first, Operand.B in self.evict_first
+        return (b, a) if self.swap_ab else (a, b)
+
+    @property
+    def mma_dtypes(self) -> DTypes:
+        """The types of the MMA's own A and B operands (the problem's B and A when swapped)."""
+        d = self.dtypes
+        return DTypes(d.b, d.a, d.acc, d.c) if self.swap_ab else d
+
+    @property
+    def mma_layout(self) -> Layout:
+        """The majorness of the MMA's own A and B operands."""
+        return self.layout.swapped if self.swap_ab else self.layout
+
+    def plain(self) -> dict[str, Any]:
+        """Every field in its JSON spelling (the manifest's ``config``)."""
+        return {f.name: spec_of(f).codec.plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_plain(cls, data: dict[str, Any]) -> KernelConfig:
+        """The inverse of :meth:`plain`; fields it lacks take their defaults (an older writer's)."""
+        return cls(**{f.name: spec_of(f).codec.typed(data[f.name]) for f in dataclasses.fields(cls)
+                      if f.name in data})
+
+    def selection_key(self) -> tuple:
+        """What the runtime's selection sees of the kernel (besides its contract)."""
+        out = []
+        for f in dataclasses.fields(self):
+            s = spec_of(f)
+            if s.selection:
+                value = getattr(self, f.name)
+                out.append(s.selection_view(value) if s.selection_view else value)
+        return tuple(out)
+
+
+def spec_of(f: dataclasses.Field) -> FieldSpec:
+    return f.metadata["spec"]
+
+
+def config_fields() -> tuple[tuple[dataclasses.Field, FieldSpec], ...]:
+    """Every kernel field with its spec, in id order."""
+    return tuple((f, spec_of(f)) for f in dataclasses.fields(KernelConfig))
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    return f.default
+
+
+# -- kernel ids --------------------------------------------------------------------------------
+
+
+class KernelIdError(ValueError):
+    """The string is not a canonical kernel id."""
+
+
+def format_kernel_id(config: KernelConfig) -> str:
+    """``<family>_<pipeline>_<a>_<b>_<acc>_<c>_<layout>_<M>x<N>x<K>_c<CM>x<CN>[_<option>...]``: the
+    positional fields, then each option that differs from its default, in field order."""
+    parts = []
+    for f, s in config_fields():
+        value = getattr(config, f.name)
+        if s.positional or value != f.default:
+            parts.append(s.codec.token(value))
+    return "_".join(parts)
+
+
+def _id_pattern() -> re.Pattern:
+    parts = []
+    for f, s in config_fields():
+        group = f"(?P<{f.name}>{s.codec.pattern})"
+        parts.append(f"_{group}" if s.positional else f"(?:_{group})?")
+    return re.compile("^" + "".join(parts)[1:] + "$")
+
+
+_ID = _id_pattern()
+
+
+def parse_kernel_id(kernel_id: str) -> KernelConfig:
+    """The config ``kernel_id`` names; raises :class:`KernelIdError` unless the id is canonical
+    (every field spelled as :func:`format_kernel_id` spells it, options in order, no default spelled out)."""
+    match = _ID.match(kernel_id)
+    if not match:
+        fields = config_fields()
+        head = "_".join(s.codec.form for _, s in fields if s.positional)
+        options = ", ".join(s.codec.form for _, s in fields if not s.positional)
+        raise KernelIdError(f"{kernel_id!r} is not a kernel id; expected {head}[_options] with the options "
+                            f"that differ from their defaults in this order: {options}")
+    values = {name: spec_of(f).codec.untoken(text) for f in dataclasses.fields(KernelConfig)
+              if (name := f.name) and (text := match.group(name)) is not None}
+    try:
+        config = KernelConfig(**values)
+    except (TypeError, ValueError) as exc:
+        raise KernelIdError(f"{kernel_id!r}: {exc}") from None
+    canonical = format_kernel_id(config)
+    if canonical != kernel_id:
+        raise KernelIdError(f"{kernel_id!r} is not canonical; it is spelled {canonical!r}")
+    return config
+
+
+# -- the contract ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What a kernel requires of its operands; the runtime checks it before every launch."""
+
+    base_alignment: int  # bytes, for every data pointer
+    stride_divisibility: tuple[int, int, int]  # elements, for A, B and C's non-unit strides
+    max_extent: int  # M, N, K and L, which the kernel indexes as 32-bit integers
+
+    def plain(self) -> dict[str, Any]:
+        a, b, c = self.stride_divisibility
+        return {"base_alignment_bytes": self.base_alignment, "stride_divisibility": {"a": a, "b": b, "c": c},
+                "max_extent": self.max_extent}
+
+    @classmethod
+    def from_plain(cls, data: dict[str, Any]) -> Contract:
+        sd = data["stride_divisibility"]
+        return cls(int(data["base_alignment_bytes"]), (int(sd["a"]), int(sd["b"]), int(sd["c"])),
+                   int(data["max_extent"]))
+
+
+# -- families: the kernel's arguments ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """A strided matrix batch: its data pointer goes in the call block, its two non-unit strides
+    (elements) in the plan block, its extents are the problem's named ones."""
+
+    name: str
+    extents: tuple[str, str, str]
+    dtype_of: str  # the config's dtypes field that types it: "a", "b" or "c"
+
+
+@dataclass(frozen=True)
+class ScaleArg:
+    """A float32 scalar in device memory, passed as a one-element tensor (a per-tensor scale)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Family:
+    """A kernel family's launch: ``tensors``, then ``scales``, then the resident cluster count
+    (an int32 the runtime computes per device) and the stream, in that order."""
+
+    name: str
+    extents: tuple[str, ...]  # the problem extents, int32 each in the plan block
+    tensors: tuple[TensorArg, ...]
+    scales: tuple[ScaleArg, ...]
+
+    @property
+    def arguments(self) -> tuple[str, ...]:
+        """The names of the exported launcher's arguments, in order."""
+        return (*(t.name for t in self.tensors), *(s.name for s in self.scales), "resident_clusters", "stream")
+
+    @property
+    def plan_format(self) -> str:
+        """struct format of the plan block (tk_plan_<family>_t): each tensor's (lead, batch) strides, the
+        extents, the resident clusters, the device ordinal, the kernel index, padding to 8 bytes."""
+        ints = len(self.extents) + 3
+        return "<" + "q" * (2 * len(self.tensors)) + "i" * (ints + ints % 2)
+
+    @property
+    def call_format(self) -> str:
+        """struct format of the call block (tk_call_<family>_t): tensor and scale pointers, then the stream."""
+        return "<" + "Q" * (len(self.tensors) + len(self.scales) + 1)
+
+
+MAX_EXTENT = 2**31 - 1  # the plan block's extents are int32 (Family.plan_format)
+
+FAMILIES: dict[str, Family] = {
+    "gemm": Family(
+        "gemm", extents=("m", "n", "k", "l"),
+        tensors=(TensorArg("a", ("m", "k", "l"), "a"), TensorArg("b", ("n", "k", "l"), "b"),
+                 TensorArg("c", ("m", "n", "l"), "c")),
+        scales=(ScaleArg("scale_a"), ScaleArg("scale_b")),
+    ),
+}
+
+
+# -- the manifest's kernel record ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What the compiled kernel uses (from the cubin; sass: the SASS census, instruction -> count)."""
+
+    registers: int
+    smem_bytes: int  # per CTA, static included
+    static_smem_bytes: int
+    stack_bytes: int
+    local_bytes: int
+    spills: bool
+    sass: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Blob:
+    """A file's identity: its sha256 and size (bytes); ``file`` where the bundle holds it as a file."""
+
+    sha256: str
+    bytes: int
+    file: str | None = None
+
+
+@dataclass(frozen=True)
+class Symbols:
+    """The exported object's entry points (the glue's kernel table)."""
+
+    prefix: str
+    init: str
+    load: str
+    launch: str
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where the kernel came from: the catalog file and item, the template and its sha256."""
+
+    catalog_file: str
+    catalog_item: int
+    template: str
+    template_sha256: str
+
+
+@dataclass(frozen=True)
+class Verified:
+    """One card model on which exactly this cubin passed ``tilekiln verify``."""
+
+    sku: str
+    date: str
+    driver: str
+    max_rel_error: float
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    """One kernel of a bundle, as the manifest records it (docs/bundle-format.md)."""
+
+    index: int
+    id: str
+    config: KernelConfig
+    stages: int  # as built (config.stages None: as many as fit)
+    threads: int  # per CTA, as the kernel launches
+    contract: Contract
+    resources: Resources
+    cubin: Blob
+    source: Blob
+    symbols: Symbols
+    origin: Origin
+    verified_on: tuple[Verified, ...] = ()
+
+    @property
+    def family(self) -> Family:
+        return FAMILIES[self.config.family]
+
+    @property
+    def dynamic_smem_bytes(self) -> int:
+        return self.resources.smem_bytes - self.resources.static_smem_bytes
+
+    @property
+    def cluster_size(self) -> int:
+        return self.config.cluster.size
+
+    @property
+    def verification_label(self) -> str:
+        """``hardware-verified on H100 80GB HBM3, H200``, or ``compile-verified`` for code never run on a GPU."""
+        if not self.verified_on:
+            return "compile-verified"
+        return f"hardware-verified on {', '.join(v.sku for v in self.verified_on)}"
+
+    def plain(self) -> dict[str, Any]:
+        return {"index": self.index, "id": self.id, "config": self.config.plain(), "stages": self.stages,
+                "threads": self.threads, "contract": self.contract.plain(),
+                "resources": dataclasses.asdict(self.resources), "cubin": _blob(self.cubin),
+                "source": _blob(self.source), "symbols": dataclasses.asdict(self.symbols),
+                "origin": dataclasses.asdict(self.origin),
+                "verification": "hardware-verified" if self.verified_on else "compile-verified",
+                "verified_on": [dataclasses.asdict(v) for v in self.verified_on]}
+
+    @classmethod
+    def from_plain(cls, data: dict[str, Any]) -> KernelRecord:
+        return cls(
+            index=int(data["index"]), id=str(data["id"]), config=KernelConfig.from_plain(data["config"]),
+            stages=int(data["stages"]), threads=int(data["threads"]), contract=Contract.from_plain(data["contract"]),
+            resources=Resources(**data["resources"]), cubin=Blob(**data["cubin"]), source=Blob(**data["source"]),
+            symbols=Symbols(**data["symbols"]), origin=Origin(**data["origin"]),
+            verified_on=tuple(Verified(**v) for v in data.get("verified_on", [])))
+
+
+def _blob(blob: Blob) -> dict[str, Any]:
+    return {k: v for k, v in dataclasses.asdict(blob).items() if v is not None}
