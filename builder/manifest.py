@@ -109,12 +109,7 @@ def _kernel(index: int, r: KernelRecord, verification: VerificationFile | None) 
         "evict_first": sorted(o.value for o in cfg.evict_first),
         "stages": plan.stages,
         "threads": plan.threads,
-        "contract": {
-            "base_alignment_bytes": plan.base_alignment,
-            "stride_divisibility": {"a": plan.stride_divisibility[0], "b": plan.stride_divisibility[1],
-                                    "c": plan.stride_divisibility[2]},
-            "max_extent": 2**31 - 1,
-        },
+        "contract": plan.contract.plain(),
         "resources": {"registers": r.info.registers, "smem_bytes": plan.smem.total,
                       "static_smem_bytes": r.info.static_smem_bytes, "stack_bytes": r.info.stack_bytes,
                       "local_bytes": r.info.local_bytes, "spills": r.info.spills,

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import jinja2
 
-from tilekiln.spec import Schedule
-from builder.derive import Tcgen05Plan
 from builder.rules import KernelContext
+from tilekiln.spec import FAMILIES
 
 
 @dataclass(frozen=True)
@@ -41,59 +40,18 @@ def _environment(directory: str) -> jinja2.Environment:
     )
 
 
-def _common_context(ctx: KernelContext) -> dict[str, object]:
-    cfg, plan = ctx.entry.config, ctx.plan
+def template_context(ctx: KernelContext) -> dict[str, object]:
+    """The template variables: the kernel's config (``cfg``, every field of tilekiln/spec.py's
+    KernelConfig), the plan the validator checked (``plan``), its family's arguments
+    (``family``), and the one fact value a template embeds."""
+    cfg = ctx.entry.config
     return {
         "kernel_id": ctx.entry.kernel_id,
-        "a_dtype": cfg.dtypes.a.cutlass_name,
-        "b_dtype": cfg.dtypes.b.cutlass_name,
-        "acc_dtype": cfg.dtypes.acc.cutlass_name,
-        "c_dtype": cfg.dtypes.c.cutlass_name,
-        "a_k_major": cfg.layout.a_k_major,
-        "b_k_major": cfg.layout.b_k_major,
-        "tile_m": cfg.tile.m, "tile_n": cfg.tile.n, "tile_k": cfg.tile.k,
-        "cluster_m": cfg.cluster.m, "cluster_n": cfg.cluster.n,
-        "stages": plan.stages,
-        "epi_m": plan.epi_m, "epi_n": plan.epi_n, "epi_stages": plan.epi_stages,
-        "threads": plan.threads,
-        "raster": cfg.raster.value,
-        "raster_along_m": cfg.raster.value == "m",
-        "swizzle": cfg.swizzle,
-        "buffer_align": ctx.facts.require("smem_buffer_alignment"),
-        "a_stride_div": plan.stride_divisibility[0],
-        "b_stride_div": plan.stride_divisibility[1],
-        "c_stride_div": plan.stride_divisibility[2],
-        # 8-bit float inputs carry per-tensor scales, applied in the epilogue.
-        "scaled": cfg.dtypes.a.value in ("e4m3", "e5m2"),
-    }
-
-
-def template_context(ctx: KernelContext) -> dict[str, object]:
-    """The template variables: the config and the plan the validator checked."""
-    plan = ctx.plan
-    if isinstance(plan, Tcgen05Plan):
-        cfg = ctx.entry.config
-        return _common_context(ctx) | {
-            "cta_group": plan.cta_group,
-            "mma_m": plan.mma_m,
-            "b_rows": cfg.tile.n // plan.cta_group,
-            "k_blocks": plan.k_blocks,
-            "acc_stages": plan.acc_stages,
-            "tmem_columns": plan.tmem_alloc_columns,
-        }
-    cfg = ctx.entry.config
-    evict_a, evict_b = cfg.mma_evict_first
-    return _common_context(ctx) | {
-        "consumer_wgs": plan.consumer_wgs,
-        "wg_threads": plan.threads // (1 + plan.consumer_wgs),
-        "wg_tile_m": plan.wg_tile_m,
-        "pingpong": cfg.schedule is Schedule.PINGPONG,
-        "swap_ab": cfg.swap_ab,
-        "evict_first_a": evict_a, "evict_first_b": evict_b,
+        "cfg": cfg,
+        "plan": ctx.plan,
+        "family": FAMILIES[cfg.family],
         # Read only by kernels that hint a load, so a pipeline without the fact builds the rest.
         "evict_first_policy": hex(ctx.facts.require("tma_cache_policy_evict_first")) if cfg.evict_first else "0",
-        "producer_regs": plan.producer_regs,
-        "consumer_regs": plan.consumer_regs,
     }
 
 

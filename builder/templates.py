@@ -116,7 +116,11 @@ class Template:
 
     @property
     def source_sha256(self) -> str:
-        return hashlib.sha256(self.path.read_bytes()).hexdigest()
+        """The template and the shared macros under templates/common/ that every template may import."""
+        digest = hashlib.sha256(self.path.read_bytes())
+        for shared in sorted((self.path.parent / "common").glob("*.j2")):
+            digest.update(shared.read_bytes())
+        return digest.hexdigest()
 
     def unsupported(self, config: KernelConfig) -> tuple[str, str] | None:
         """(catalog field, why) if this template cannot build ``config``, else None."""

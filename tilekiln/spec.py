@@ -75,6 +75,10 @@ DType = _DTypeMembers("DType", [(t.upper(), t) for t in DTYPES], module=__name__
 DType.__doc__ = "An element type, spelled by its token (DType('bf16'))."
 
 
+# The element types a scaled (fp8) GEMM takes.
+SCALED_INPUTS = ("e4m3", "e5m2")
+
+
 def itemsize(token: str) -> int:
     """Bytes per element of a byte-addressable type (the runtime's operands)."""
     return DTYPES[token].bits // 8
@@ -116,6 +120,11 @@ class DTypes:
     @property
     def tokens(self) -> tuple[str, str, str, str]:
         return (self.a.value, self.b.value, self.acc.value, self.c.value)
+
+    @property
+    def scaled(self) -> bool:
+        """8-bit float inputs carry per-tensor scales, which the epilogue applies."""
+        return self.a.value in SCALED_INPUTS
 
 
 # BLAS letters: A ``t`` = row-major (K-major), ``n`` = M-major; B ``n`` = column-major K x N
@@ -594,11 +603,17 @@ class Contract:
 @dataclass(frozen=True)
 class TensorArg:
     """A strided matrix batch: its data pointer goes in the call block, its two non-unit strides
-    (elements) in the plan block, its extents are the problem's named ones."""
+    (elements) in the plan block, its extents are the problem's named ones. ``k_major_of``: the
+    problem operand ("a" or "b") whose layout letter decides whether its second extent is the
+    contiguous one; None: always (C is row-major)."""
 
     name: str
     extents: tuple[str, str, str]
-    dtype_of: str  # the config's dtypes field that types it: "a", "b" or "c"
+    k_major_of: str | None = None
+
+    def row_major(self, config: KernelConfig) -> bool:
+        """Whether the second of its extents is the contiguous one, under ``config``'s layout."""
+        return True if self.k_major_of is None else getattr(config.layout, f"{self.k_major_of}_k_major")
 
 
 @dataclass(frozen=True)
@@ -642,7 +657,7 @@ FAMILIES: dict[str, Family] = {
     "gemm": Family(
         "gemm", extents=("m", "n", "k", "l"),
         tensors=(TensorArg("a", ("m", "k", "l"), "a"), TensorArg("b", ("n", "k", "l"), "b"),
-                 TensorArg("c", ("m", "n", "l"), "c")),
+                 TensorArg("c", ("m", "n", "l"))),
         scales=(ScaleArg("scale_a"), ScaleArg("scale_b")),
     ),
 }

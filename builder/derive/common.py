@@ -4,6 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from builder.facts import PipelineFacts
+from tilekiln.spec import MAX_EXTENT, Contract, DTypes
+
+
+def tma_contract(dtypes: DTypes, facts: PipelineFacts) -> Contract:
+    """Every operand is read or written by TMA: 16-byte aligned bases and strides (in each
+    operand's elements), and the 32-bit extents of the launch's plan block."""
+    align = facts.require("tma_alignment_bytes")
+    return Contract(align, (dtypes.a.elements_per(align), dtypes.b.elements_per(align),
+                            dtypes.c.elements_per(align)), MAX_EXTENT)
+
 
 def align_up(value: int, alignment: int) -> int:
     return (value + alignment - 1) // alignment * alignment

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tilekiln.spec import KernelConfig, Schedule
-from builder.derive.common import SmemUse, storage_layout
+from builder.derive.common import SmemUse, storage_layout, tma_contract
 from builder.facts import PipelineFacts
 from builder.templates import Template
+from tilekiln.spec import Contract, KernelConfig, Schedule
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,13 @@ class Sm90Plan:
     producer_regs: int
     consumer_regs: int
     acc_regs_per_thread: int
-    stride_divisibility: tuple[int, int, int]  # elements, for A, B, C
-    base_alignment: int
+    contract: Contract
+    buffer_align: int  # bytes: every shared-memory buffer starts on this boundary
+
+    @property
+    def wg_threads(self) -> int:
+        """Threads of one warpgroup (the producer is one, and each consumer)."""
+        return self.threads // (1 + self.consumer_wgs)
 
 
 def sm90_smem(config: KernelConfig, facts: PipelineFacts, template: Template, stages: int,
@@ -86,13 +91,10 @@ def plan_sm90(config: KernelConfig, facts: PipelineFacts, template: Template) ->
     consumer = min(reg_cap, (regs_total - producer * wg_threads) // (wg_threads * consumer_wgs) // step * step)
     acc_regs = config.tile.m * config.tile.n * config.dtypes.acc.bits // 32 // (wg_threads * tile_wgs)
 
-    tma_align = facts.require("tma_alignment_bytes")
-    d = config.dtypes
     return Sm90Plan(
         consumer_wgs=consumer_wgs, wg_tile_m=wg_tile_m, threads=wg_threads * (1 + consumer_wgs),
         epi_m=epi_m, epi_n=epi_n, epi_stages=p.epilogue_stages,
         stages=stages, max_fitting_stages=fitting, smem=smem, smem_budget=budget,
         producer_regs=producer, consumer_regs=consumer, acc_regs_per_thread=acc_regs,
-        stride_divisibility=(d.a.elements_per(tma_align), d.b.elements_per(tma_align), d.c.elements_per(tma_align)),
-        base_alignment=tma_align,
+        contract=tma_contract(config.dtypes, facts), buffer_align=facts.require("smem_buffer_alignment"),
     )

@@ -30,10 +30,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tilekiln.spec import KernelConfig
-from builder.derive.common import SmemUse, align_up, storage_layout
+from builder.derive.common import SmemUse, align_up, storage_layout, tma_contract
 from builder.facts import PipelineFacts
 from builder.templates import Tcgen05Parameters
+from tilekiln.spec import Contract, KernelConfig
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class Tcgen05Plan:
 
     has_template: bool
     cta_group: int
+    b_rows: int  # rows of B one CTA loads: tile N split over the CTA pair
     mma_m: int
     mma_n: int
     cta_k_bytes: int
@@ -63,8 +64,8 @@ class Tcgen05Plan:
     smem_budget_name: str
     mcast_a: int  # CTAs one A load is multicast to (along cluster N)
     mcast_b: int  # CTAs one B load is multicast to (along cluster M, per CTA pair)
-    stride_divisibility: tuple[int, int, int]  # elements, for A, B, C
-    base_alignment: int
+    contract: Contract
+    buffer_align: int  # bytes: every shared-memory buffer starts on this boundary
 
 
 def tmem_accumulator_columns(cta_m: int, n: int, cta_group: int, acc_stages: int, lanes: int) -> int:
@@ -145,9 +146,8 @@ def plan_tcgen05(config: KernelConfig, facts: PipelineFacts, p: Tcgen05Parameter
     in_reach = _largest(lambda s: use(s).operand_end <= limit, cap)
     fitting = _largest(lambda s: use(s).total <= budget and use(s).operand_end <= limit, cap)
     stages = config.stages if config.stages is not None else fitting
-    tma_align = facts.require("tma_alignment_bytes")
     return Tcgen05Plan(
-        has_template=p is not None, cta_group=group, mma_m=t.m * group, mma_n=t.n,
+        has_template=p is not None, cta_group=group, b_rows=t.n // group, mma_m=t.m * group, mma_n=t.n,
         cta_k_bytes=k_bytes, k_blocks=k_bytes // mma_k if k_bytes % mma_k == 0 else 0,
         threads=p.threads if p is not None else None,
         epi_m=epi_m, epi_n=epi_n, epi_stages=p.epilogue_stages if p is not None else 0,
@@ -157,9 +157,7 @@ def plan_tcgen05(config: KernelConfig, facts: PipelineFacts, p: Tcgen05Parameter
         max_descriptor_stages=in_reach, smem=use(max(stages, 1)),
         smem_optin=facts.require("smem_per_block_optin"), smem_budget=budget, smem_budget_name=budget_name,
         mcast_a=config.cluster.n, mcast_b=max(1, config.cluster.m // group),
-        stride_divisibility=(d.a.elements_per(tma_align), d.b.elements_per(tma_align),
-                             d.c.elements_per(tma_align)),
-        base_alignment=tma_align,
+        contract=tma_contract(config.dtypes, facts), buffer_align=facts.require("smem_buffer_alignment"),
     )
 
 

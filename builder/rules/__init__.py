@@ -51,7 +51,7 @@ def summarize(ctx: KernelContext) -> dict[str, object]:
         # The templates are persistent with one CTA per SM (min_blocks_per_mp=1).
         "occupancy_ctas_per_sm": 1 if p.max_fitting_stages else 0,
         "epilogue_tile": [p.epi_m, p.epi_n],
-        "stride_divisibility_elements": list(p.stride_divisibility),
+        "stride_divisibility_elements": list(p.contract.stride_divisibility),
     }
     if isinstance(p, Sm90Plan):
         one = sm90_smem(cfg, ctx.facts, ctx.template, 1, p.epi_m, p.epi_n)

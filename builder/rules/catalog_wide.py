@@ -10,6 +10,7 @@ table (``catalog/tuning/``) names are not reported.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterator
 
 from builder.diagnostics import Diagnostic, Severity
@@ -27,17 +28,15 @@ def check_duplicates(kernels: tuple[KernelContext, ...]) -> Iterator[Diagnostic]
 
 
 def selection_key(ctx: KernelContext) -> tuple:
-    """What the runtime's selection sees of a kernel (besides its id)."""
-    cfg = ctx.entry.config
-    return (cfg.pipeline, ctx.entry.targets, cfg.dtypes, cfg.layout, cfg.tile.m, cfg.tile.n, cfg.cluster,
-            cfg.swap_ab, ctx.plan.stride_divisibility, ctx.plan.base_alignment)
+    """What the runtime's selection sees of a kernel (besides its id): the spec's selection
+    fields (tilekiln/spec.py) and the contract."""
+    return (ctx.entry.targets, ctx.entry.config.selection_key(), ctx.plan.contract)
 
 
 def build_key(ctx: KernelContext) -> tuple:
-    """Everything that decides the generated code: equal keys build the same kernel."""
-    cfg = ctx.entry.config
-    return (selection_key(ctx), cfg.tile.k, cfg.schedule, cfg.raster, cfg.swizzle, cfg.evict_first,
-            cfg.cta_group, cfg.block_scale, ctx.plan.stages)
+    """Everything that decides the generated code: equal keys build the same kernel (an explicit
+    stage count equal to what auto derives builds the auto kernel)."""
+    return (selection_key(ctx), replace(ctx.entry.config, stages=None), ctx.plan.stages)
 
 
 @catalog_rule("SHADOWED", "every kernel can be selected: none builds the same code as, or is indistinguishable "

@@ -31,14 +31,14 @@ def check_tma_alignment(ctx: KernelContext) -> Iterator[Diagnostic]:
     align = ctx.facts.require("tma_alignment_bytes")
     cfg, plan = ctx.entry.config, ctx.plan
     d = cfg.dtypes
-    for name, dtype, div in zip("ABC", (d.a, d.b, d.c), plan.stride_divisibility):
+    for name, dtype, div in zip("ABC", (d.a, d.b, d.c), plan.contract.stride_divisibility):
         if (div * dtype.bits) % (8 * align):
             yield ctx.diag("TMA-ALIGN", "dtypes", f"the contract asks {name} strides to be multiples of {div} "
                            f"{dtype.value} elements = {div * dtype.bits / 8:g} B, not a multiple of the {align}-byte "
                            "TMA stride unit (tma_alignment_bytes)", "fix the contract in builder/derive",
                            tma_alignment_bytes=align)
-    if plan.base_alignment % align:
-        yield ctx.diag("TMA-ALIGN", None, f"the contract's {plan.base_alignment}-byte base alignment is not a "
+    if plan.contract.base_alignment % align:
+        yield ctx.diag("TMA-ALIGN", None, f"the contract's {plan.contract.base_alignment}-byte base alignment is not a "
                        f"multiple of TMA's {align} bytes", "fix the contract in builder/derive")
     for operand, inner, bits in _rows(ctx):
         if (inner * bits) % (8 * align):

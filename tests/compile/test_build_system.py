@@ -213,7 +213,7 @@ def failing_project(small: Small, dest: Path) -> Path:
     text = template.read_text()
     anchor = "import cutlass\n"
     assert anchor in text
-    template.write_text(text.replace(anchor, anchor + '{% if tile_m == 64 %}raise RuntimeError("deliberate failure: '
+    template.write_text(text.replace(anchor, anchor + '{% if cfg.tile.m == 64 %}raise RuntimeError("deliberate failure: '
                                      'this template refuses 64-row tiles")\n{% endif %}', 1))
     return project
 
