@@ -30,7 +30,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builder.bundle import BundleFile, bundle_name, library_name, write_bundle
+from builder.bundle import BundleFile, bundle_name, library_name, source_file, write_bundle
 from builder.cache import ContentCache, canonical_key
 from builder.compile import COMPILE_ENV, CompileFailure, CompileJob, CompileOutput
 from builder.cubin import compiled_for
@@ -270,10 +270,10 @@ def write_bundle_for(arch: str, records: list[KernelRecord], validation: Validat
         report_path = publish_failure_report(request.out_dir, bundle, report_bytes)
         return BundleResult(bundle, arch, tuple(records), None, report_path)
     library = link_cached(bundle, passed, cache)
+    # Each kernel's cubin is inside the library already (its fatbin); the manifest keeps
+    # the cubin's sha256 and size, so the bundle stores every byte of device code once.
     files = [BundleFile(f"lib/{library_name(bundle)}", library)]
-    for r in passed:
-        files.append(BundleFile(f"cubins/{r.kernel_id}.cubin", r.cubin))
-        files.append(BundleFile(f"sources/{r.kernel_id}.py", r.source.encode()))
+    files += [BundleFile(source_file(r.kernel_id), r.source.encode()) for r in passed]
     manifest = make_manifest(arch, passed, validation, request.root)
     with bundle_output(request.out_dir, bundle) as path:
         if bundle_is_current(path, files, manifest):

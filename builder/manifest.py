@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import tilekiln
 from builder import __version__
-from builder.bundle import bundle_name, library_name
+from builder.bundle import bundle_name, library_name, source_file
 from builder.toolchain import toolchain
 from builder.tuning import read_tuning
 from tilekiln.manifest import ABI_VERSION
@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 
 # Major: a change a reader of the previous major cannot ignore (a field removed,
 # renamed or given a new meaning). Minor: fields added that old readers skip.
-MANIFEST_SCHEMA_VERSION = "1.2"
+# 1.3: cubins live only inside the library (no cubins/ files, no cubin.file; no
+# reader ever opened one) and sources are sources/<id>.py.txt.
+MANIFEST_SCHEMA_VERSION = "1.3"
 
 
 def runtime_requirement(runtime_version: str) -> str:
@@ -114,9 +116,8 @@ def _kernel(index: int, r: KernelRecord) -> dict:
                       "static_smem_bytes": r.info.static_smem_bytes, "stack_bytes": r.info.stack_bytes,
                       "local_bytes": r.info.local_bytes, "spills": r.info.spills,
                       "sass": dict(r.info.census)},
-        "source": {"file": f"sources/{r.kernel_id}.py", "sha256": hashlib.sha256(r.source.encode()).hexdigest()},
-        "cubin": {"file": f"cubins/{r.kernel_id}.cubin", "sha256": hashlib.sha256(r.cubin).hexdigest(),
-                  "bytes": len(r.cubin)},
+        "source": {"file": source_file(r.kernel_id), "sha256": hashlib.sha256(r.source.encode()).hexdigest()},
+        "cubin": {"sha256": hashlib.sha256(r.cubin).hexdigest(), "bytes": len(r.cubin)},
         "symbols": {"prefix": r.entry.prefix, "init": r.entry.init, "load": r.entry.load_to_device,
                     "launch": r.entry.launch},
         "catalog": {"file": ctx.entry.file, "item": ctx.entry.item},

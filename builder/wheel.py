@@ -230,12 +230,9 @@ def _zip(members: list[Member]) -> tuple[bytes, dict[str, int]]:
 
 
 def _breakdown(m: Manifest, pkg: str, members: list[Member], compressed: dict[str, int]) -> tuple[SizeRow, ...]:
-    """Size per kernel (its cubin and source), the library (which embeds every kernel's
-    code once more), the manifest, and the package's own files."""
-    owner: dict[str, str] = {}
-    for kernel in m.raw["kernels"]:
-        owner[f"{pkg}/bundle/{kernel['cubin']['file']}"] = kernel["id"]
-        owner[f"{pkg}/bundle/{kernel['source']['file']}"] = kernel["id"]
+    """Size per kernel (its source), the library (which holds every kernel's device code:
+    the manifest's ``cubin.bytes`` is each kernel's share), the manifest, and the package's own files."""
+    owner = {f"{pkg}/bundle/{kernel['source']['file']}": kernel["id"] for kernel in m.raw["kernels"]}
     owner[f"{pkg}/bundle/{m.library}"] = "library"
     owner[f"{pkg}/bundle/{MANIFEST_NAME}"] = "manifest"
     raw: dict[str, int] = {}

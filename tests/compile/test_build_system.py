@@ -205,7 +205,7 @@ def test_a_failing_kernel_keeps_the_others_and_the_previous_bundle(small, tmp_pa
     assert not partial.ok
     manifest = json.loads((out / "sm90a" / "manifest.json").read_text())
     assert [k["id"] for k in manifest["kernels"]] == [LARGE_ID]
-    assert not (out / "sm90a" / f"cubins/{SMALL_ID}.cubin").exists()
+    assert not (out / "sm90a" / f"sources/{SMALL_ID}.py.txt").exists()
     bundle_report = json.loads((out / "sm90a" / "build-report.json").read_text())
     assert {r["kernel"]: r["status"] for r in bundle_report["kernels"]} == {LARGE_ID: "cached", SMALL_ID: "failed"}
     assert not (out / "sm90a.build-report.json").exists(), "a stale failure report must go"
@@ -342,8 +342,8 @@ def test_check_reproducible_names_a_file_that_differs(small, tmp_path, monkeypat
     monkeypatch.setattr("builder.build.render_kernel", render)
     check = check_reproducible(request, first)
     named = {d.location.file for d in check.diagnostics}
-    assert not check.ok and f"sm90a/sources/{SMALL_ID}.py" in named
-    assert "sm90a/manifest.json" in named and f"sm90a/sources/{LARGE_ID}.py" not in named
+    assert not check.ok and f"sm90a/sources/{SMALL_ID}.py.txt" in named
+    assert "sm90a/manifest.json" in named and f"sm90a/sources/{LARGE_ID}.py.txt" not in named
 
 
 def test_shards_merge_into_the_single_machine_bundle(small, tmp_path):

@@ -214,13 +214,14 @@ def test_pip_refuses_a_bundle_whose_runtime_range_excludes_the_runtime(small_bui
 def test_inspect_lists_kernels_integrity_and_provenance(small_build, wheel, form):
     target = small_build.path if form == "directory" else wheel
     m = manifest_of(small_build.path)
+    cubins = {r.kernel_id: r.cubin for r in small_build.records}
     result = CliRunner().invoke(main, ["inspect", "--format", "json", str(target)])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["integrity"] == {"ok": True, "problem": None}
     assert [k["id"] for k in report["kernels"]] == [k["id"] for k in m["kernels"]]
     for k in report["kernels"]:
-        assert k["cubin_bytes"] == (small_build.path / "cubins" / f"{k['id']}.cubin").stat().st_size
+        assert k["cubin_bytes"] == len(cubins[k["id"]])
         assert k["tile"] and k["cluster"] and k["registers"] > 0 and k["verification"] == "compile-verified"
     assert report["provenance"]["git_commit"] == m["provenance"]["git_commit"]
     assert report["size"]["total_bytes"] == bundle_bytes(small_build.path)
@@ -237,11 +238,11 @@ def test_inspect_lists_kernels_integrity_and_provenance(small_build, wheel, form
 def test_inspect_reports_a_damaged_bundle_and_fails(small_build, tmp_path):
     copy = tmp_path / "sm90a"
     shutil.copytree(small_build.path, copy)
-    cubin = sorted((copy / "cubins").glob("*.cubin"))[0]
-    cubin.write_bytes(cubin.read_bytes()[:-1])
+    source = sorted((copy / "sources").glob("*.py.txt"))[0]
+    source.write_bytes(source.read_bytes()[:-1])
     result = CliRunner().invoke(main, ["inspect", str(copy)])
     assert result.exit_code == 1
-    assert f"integrity: FAILED: bundle sm90a: cubins/{cubin.name}: sha256 mismatch" in result.output
+    assert f"integrity: FAILED: bundle sm90a: sources/{source.name}: sha256 mismatch" in result.output
     junk = tmp_path / "junk.whl"
     junk.write_bytes(b"not a zip")
     bad = CliRunner().invoke(main, ["inspect", str(junk)])
@@ -252,19 +253,17 @@ def test_diff_lists_added_removed_changed_and_the_size_delta(small_build, wheel,
     new = tmp_path / "sm90a"
     shutil.copytree(small_build.path, new)
     kept, dropped = sorted(manifest_of(new)["kernels"], key=lambda k: k["id"])
-    for key in ("cubin", "source"):
-        (new / dropped[key]["file"]).unlink()
-    cubin = new / kept["cubin"]["file"]
-    cubin.write_bytes(cubin.read_bytes() + b"\0" * 100)
-    digest = hashlib.sha256(cubin.read_bytes()).hexdigest()
+    (new / dropped["source"]["file"]).unlink()
+    # The kept kernel's code grew by 100 bytes, and the library that holds it with it.
+    library = new / manifest_of(new)["library"]
+    library.write_bytes(library.read_bytes() + b"\0" * 100)
 
     def edit(m):
         m["bundle"]["version"] = "9.9.9"
         m["kernels"] = [k for k in m["kernels"] if k["id"] != dropped["id"]]
-        for key in ("cubin", "source"):
-            del m["files"][dropped[key]["file"]]
-        m["files"][kept["cubin"]["file"]] = digest
-        m["kernels"][0]["cubin"].update(sha256=digest, bytes=kept["cubin"]["bytes"] + 100)
+        del m["files"][dropped["source"]["file"]]
+        m["files"][m["library"]] = hashlib.sha256(library.read_bytes()).hexdigest()
+        m["kernels"][0]["cubin"].update(sha256="0" * 64, bytes=kept["cubin"]["bytes"] + 100)
         m["tuning"] = {"device": "simulated", "table": {"bucket-x": kept["id"]}, "measurements": {}}
 
     rewrite_manifest(new, edit)
@@ -293,7 +292,7 @@ def test_diff_lists_added_removed_changed_and_the_size_delta(small_build, wheel,
 def test_package_refuses_a_damaged_bundle_naming_the_file(small_build, tmp_path):
     copy = tmp_path / "sm90a"
     shutil.copytree(small_build.path, copy)
-    source = sorted((copy / "sources").glob("*.py"))[0]
+    source = sorted((copy / "sources").glob("*.py.txt"))[0]
     source.write_text(source.read_text() + "# edited after the build\n")
     result = CliRunner().invoke(main, ["package", str(copy), "--out", str(tmp_path / "dist"), "--max-size", "1GB"])
     assert result.exit_code == 1
