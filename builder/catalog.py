@@ -5,7 +5,7 @@ gives fields directly or lists values under ``sweep`` (the cartesian product
 of the listed values is taken); ``defaults`` fills what an item leaves out.
 Every expanded :class:`CatalogEntry` remembers the YAML path each of its
 fields came from, so a rule can point at the exact line of the value it
-rejects. ``catalog/catalog.yaml`` holds the bundle version and size budget.
+rejects. ``catalog/catalog.yaml`` holds the bundle version, glibc target and size budget.
 """
 
 from __future__ import annotations
@@ -108,6 +108,8 @@ class CatalogFile(_Strict):
 class CatalogSettings(_Strict):
     version: str = Field(pattern=r"^\d+\.\d+\.\d+$", description="semantic version of built bundles")
     wheel_size_limit: str = Field(default="100MB", pattern=r"^\d+(\.\d+)?\s*(B|KB|MB|GB)$")
+    glibc: str = Field(pattern=r"^2\.\d+$", description="oldest glibc the bundles run on, quoted: '2.28'; "
+                       "the library is linked for it and its wheel tagged manylinux_2_28")
 
     @field_validator("version")
     @classmethod
@@ -119,6 +121,11 @@ class CatalogSettings(_Strict):
     @property
     def wheel_size_limit_bytes(self) -> int:
         return parse_size(self.wheel_size_limit)
+
+    @property
+    def glibc_version(self) -> tuple[int, int]:
+        major, minor = self.glibc.split(".")
+        return int(major), int(minor)
 
 
 def parse_size(text: str) -> int:

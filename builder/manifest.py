@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 # Major: a change a reader of the previous major cannot ignore (a field removed,
 # renamed or given a new meaning). Minor: fields added that old readers skip.
 # 1.3: cubins live only inside the library (no cubins/ files, no cubin.file; no
-# reader ever opened one) and sources are sources/<id>.py.txt.
+# reader ever opened one), sources are sources/<id>.py.txt, and bundle.glibc.
 MANIFEST_SCHEMA_VERSION = "1.3"
 
 
@@ -56,7 +56,8 @@ def make_manifest(arch: str, records: list[KernelRecord], validation: Validation
         "bundle": {"name": bundle_name(arch), "version": validation.catalog.settings.version,
                    "arch": arch, "arch_kind": target.kind,
                    "compute_capability": list(target.compute_capability), "abi_version": ABI_VERSION,
-                   "runtime_requires": runtime_requirement(tilekiln.__version__)},
+                   "runtime_requires": runtime_requirement(tilekiln.__version__),
+                   "glibc": validation.catalog.settings.glibc},
         "library": f"lib/{library_name(bundle_name(arch))}",
         "toolchain": {"builder": __version__, **dict(tools.versions), "cc": tools.cc_version},
         "provenance": {"git_commit": git_commit(root),

@@ -9,7 +9,8 @@
 It registers ``<bundle> = tilekiln_kernels_<bundle>:bundle_dir`` under the
 entry-point group ``tilekiln.bundles`` and requires the runtime range the
 manifest records (``tilekiln>=0.1,<0.2``), so pip installs a runtime that
-reads it. The platform tag comes from the library (``builder/platform_tag.py``).
+reads it. The platform tag is the glibc the library was linked for (``bundle.glibc``),
+checked against the library (``builder/platform_tag.py``).
 
 Why the standard library's zipfile and not a build backend: a bundle is not
 a Python project to build, it is a fixed set of files whose names and
@@ -38,7 +39,7 @@ from pathlib import Path
 
 from builder import __version__
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
-from builder.platform_tag import PlatformTag, platform_tag
+from builder.platform_tag import GlibcTarget, PlatformTag, platform_tag
 from tilekiln.discovery import ENTRY_POINT_GROUP
 from tilekiln.errors import BundleError
 from tilekiln.manifest import MANIFEST_NAME, Manifest, read_manifest
@@ -152,7 +153,8 @@ def make_wheel(bundle_dir: Path) -> Wheel:
     if not _BUNDLE_NAME.fullmatch(manifest.name):
         raise _error(bundle_dir / MANIFEST_NAME, f"bundle name {manifest.name!r} is not lower-case letters and "
                      "digits, so it cannot name a Python package", "rebuild the bundle with this builder")
-    tag = platform_tag((bundle_dir / manifest.library).read_bytes(), str(bundle_dir / manifest.library))
+    tag = platform_tag((bundle_dir / manifest.library).read_bytes(), str(bundle_dir / manifest.library),
+                       _glibc_target(bundle_dir, manifest))
     pkg = package_name(manifest.name)
     dist_info = f"{pkg}-{manifest.version}.dist-info"
     files = [Member(f"{pkg}/bundle/{rel}", (bundle_dir / rel).read_bytes(), executable=rel.endswith(".so"))
@@ -181,6 +183,16 @@ def _verified_manifest(bundle_dir: Path) -> Manifest:
         return read_manifest(bundle_dir)
     except BundleError as exc:
         raise _error(bundle_dir, str(exc), "rebuild the bundle with `tilekiln build`") from None
+
+
+def _glibc_target(bundle_dir: Path, manifest: Manifest) -> GlibcTarget:
+    """The glibc the bundle was linked for, which its wheel's manylinux tag promises."""
+    glibc = manifest.raw["bundle"].get("glibc")
+    if not isinstance(glibc, str) or not re.fullmatch(r"2\.\d+", glibc):
+        raise _error(bundle_dir / MANIFEST_NAME, "the manifest does not record bundle.glibc, the glibc its "
+                     "library was linked for", "rebuild the bundle with this builder (tilekiln build)")
+    major, minor = glibc.split(".")
+    return GlibcTarget((int(major), int(minor)), Location(str(bundle_dir / MANIFEST_NAME), path="bundle.glibc"))
 
 
 def _metadata(m: Manifest, requires: str) -> str:

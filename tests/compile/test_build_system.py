@@ -211,6 +211,21 @@ def test_a_failing_kernel_keeps_the_others_and_the_previous_bundle(small, tmp_pa
     assert not (out / "sm90a.build-report.json").exists(), "a stale failure report must go"
 
 
+def test_a_library_that_needs_a_newer_glibc_than_the_catalog_targets_fails_the_build(small, tmp_path, monkeypatch):
+    """The link made to bind to glibc 2.34's symbol versions, as Debian 12's gcc did: the build
+    stops at catalog.yaml's glibc line, naming symbols, and writes no bundle."""
+    monkeypatch.setattr("builder.link.zig_target", lambda glibc: "x86_64-linux-gnu.2.34")
+    out, cache = tmp_path / "out", copy_cache(small, tmp_path / "cache", keep=("kernel",))
+    res = CliRunner().invoke(cli, ["--root", str(small.project), "build", "--out", str(out), "--cache", str(cache),
+                                   "--progress", "none"])
+    assert res.exit_code == 1, res.output
+    lines = (small.project / "catalog" / "catalog.yaml").read_text().splitlines()
+    line = next(i for i, text in enumerate(lines, start=1) if text.startswith("glibc:"))
+    assert f"catalog/catalog.yaml:{line}:" in res.stderr and "GLIBC-TARGET" in res.stderr
+    assert "libtilekiln_sm90a.so needs glibc 2.34" in res.stderr and "@GLIBC_2.34" in res.stderr
+    assert not (out / "sm90a").exists()
+
+
 def test_the_ci_table_shows_whole_kernel_ids(small, tmp_path):
     res = CliRunner().invoke(cli, ["--root", str(small.project), "build", "--out", str(tmp_path / "out"),
                                    "--cache", str(copy_cache(small, tmp_path / "cache")), "--progress", "plain"])

@@ -36,11 +36,10 @@ def manifest_of(bundle: Path) -> dict:
     return json.loads((bundle / "manifest.json").read_text())
 
 
-def expected_platform_tag(library: bytes) -> str:
-    """From the version strings in the library's bytes, independently of builder/platform_tag.py."""
-    needed = max((int(a), int(b)) for a, b in re.findall(rb"GLIBC_(\d+)\.(\d+)", library))
-    tag = max(needed, (2, 5))  # pip's lowest manylinux tag on x86-64
-    return f"manylinux_{tag[0]}_{tag[1]}_x86_64"
+def expected_platform_tag(bundle: Path) -> str:
+    """The glibc the catalog targets; the library's own needs are checked in test_small_bundle.py."""
+    major, minor = manifest_of(bundle)["bundle"]["glibc"].split(".")
+    return f"manylinux_{major}_{minor}_x86_64"
 
 
 def bundle_bytes(bundle: Path) -> int:
@@ -82,7 +81,7 @@ def installed(venv_factory, wheel, runtime_wheel):
 
 def test_wheel_name_metadata_and_entry_point(small_build, wheel):
     m = manifest_of(small_build.path)
-    tag = expected_platform_tag((small_build.path / m["library"]).read_bytes())
+    tag = expected_platform_tag(small_build.path)
     assert wheel.name == f"{PKG}-{m['bundle']['version']}-py3-none-{tag}.whl"
     with zipfile.ZipFile(wheel) as zf:
         dist_info = f"{PKG}-{m['bundle']['version']}.dist-info"
@@ -287,6 +286,17 @@ def test_diff_lists_added_removed_changed_and_the_size_delta(small_build, wheel,
     assert "1 shape buckets measured on simulated" in CliRunner().invoke(main, ["inspect", str(new)]).output
     same = json.loads(CliRunner().invoke(main, ["diff", "--format", "json", str(small_build.path), str(wheel)]).output)
     assert (same["added"], same["removed"], same["changed"], same["bundle"]) == ([], [], [], {})
+
+
+def test_package_refuses_a_library_that_needs_more_glibc_than_its_manifest_promises(small_build, rewrite_manifest,
+                                                                                    tmp_path):
+    copy = tmp_path / "sm90a"
+    shutil.copytree(small_build.path, copy)
+    rewrite_manifest(copy, lambda m: m["bundle"].update(glibc="2.16"))  # the library needs GLIBC_2.17
+    result = CliRunner().invoke(main, ["package", str(copy), "--out", str(tmp_path / "dist"), "--max-size", "1GB"])
+    assert result.exit_code == 1
+    assert f"{copy / 'manifest.json'}: error: GLIBC-TARGET" in result.output and "[bundle.glibc]" in result.output
+    assert "needs glibc 2.17" in result.output and not (tmp_path / "dist").exists()
 
 
 def test_package_refuses_a_damaged_bundle_naming_the_file(small_build, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +67,16 @@ def test_library_needs_only_libc_and_the_loader(small_build):
     assert needed <= ALLOWED_NEEDED, needed
     assert "libcuda.so.1" not in needed and not any("cudart" in n for n in needed)
     assert exported and all(name.startswith("tk_") for name in exported), sorted(exported)[:10]
+
+
+def test_library_needs_no_glibc_newer_than_the_catalog_targets(small_build):
+    """Read from the version strings in the library's bytes, independently of builder/platform_tag.py."""
+    manifest = json.loads((small_build.path / "manifest.json").read_text())
+    target = tuple(int(p) for p in manifest["bundle"]["glibc"].split("."))
+    assert target == (2, 28)
+    library = (small_build.path / manifest["library"]).read_bytes()
+    needed = {(int(a), int(b)) for a, b in re.findall(rb"GLIBC_(\d+)\.(\d+)", library)}
+    assert needed and max(needed) <= target, sorted(needed)
 
 
 def test_runtime_reads_the_bundle_without_build_dependencies(small_build):
