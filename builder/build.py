@@ -232,7 +232,7 @@ def _record_from_result(p: PlannedKernel, result: CompileOutput | CompileFailure
     if result.toolchain != local:
         return failed(f"TOOLCHAIN-MISMATCH: the worker that compiled this kernel has toolchain "
                       f"{'/'.join(t[:12] for t in result.toolchain)}, this build {'/'.join(t[:12] for t in local)}; "
-                      "install the same tilekiln[build] wheels (and Python minor version) on every executor node")
+                      "install the same tilekiln-build wheels (and Python minor version) on every executor node")
     cubin, info = result.cubin, result.info
     try:
         target = compiled_for(cubin)

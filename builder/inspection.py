@@ -18,7 +18,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from builder.artifact import Artifact
-from builder.wheel import SizeRow
+from builder.wheel import RUNTIME_DISTRIBUTION, SizeRow
 from tilekiln.manifest import MANIFEST_NAME
 
 # Kernel fields that differ between equal kernels: the position in the table,
@@ -60,7 +60,7 @@ def print_inspect(a: Artifact, console: Console) -> None:
     console.print(f"{m.name} {m.version}: {m.arch} ({_kind(m.arch_kind)}, compute capability "
                   f"{m.compute_capability[0]}.{m.compute_capability[1]}), {len(m.kernels)} kernels; {a.kind} {a.path}")
     console.print(f"manifest schema {raw.get('schema_version')}, library ABI {m.abi_version}, "
-                  f"runtime tilekiln{b.get('runtime_requires', ' (not recorded)')}")
+                  f"runtime {RUNTIME_DISTRIBUTION}{b.get('runtime_requires', ' (not recorded)')}")
     if a.wheel:
         console.print(f"wheel {a.wheel.distribution} {a.wheel.version}, tag {a.wheel.tag}, "
                       f"requires {', '.join(a.wheel.requires) or 'nothing'}")

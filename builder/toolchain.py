@@ -68,7 +68,7 @@ def _distribution_version(name: str) -> str:
         return md.version(name)
     except md.PackageNotFoundError:
         raise ToolchainError(f"the build toolchain needs the {name} wheel; run `make build-kernels` "
-                             "or `pip install -e '.[build]'`") from None
+                             "or `pip install tilekiln-build`") from None
 
 
 def _nvidia_dir() -> Path:

@@ -8,7 +8,7 @@
 
 It registers ``<bundle> = tilekiln_kernels_<bundle>:bundle_dir`` under the
 entry-point group ``tilekiln.bundles`` and requires the runtime range the
-manifest records (``tilekiln>=0.1,<0.2``), so pip installs a runtime that
+manifest records (``tilekiln-runtime>=0.1,<0.2``), so pip installs a runtime that
 reads it. The platform tag is the glibc the library was linked for (``bundle.glibc``),
 checked against the library (``builder/platform_tag.py``).
 
@@ -44,6 +44,9 @@ from tilekiln.discovery import ENTRY_POINT_GROUP
 from tilekiln.errors import BundleError
 from tilekiln.manifest import MANIFEST_NAME, Manifest, read_manifest
 
+# The distribution of the runtime (runtime/pyproject.toml); the import name is `tilekiln`,
+# but PyPI's `tilekiln` is an unrelated project, so a bundle must never require that name.
+RUNTIME_DISTRIBUTION = "tilekiln-runtime"
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 COMPRESS_LEVEL = 9
 _BUNDLE_NAME = re.compile(r"[a-z0-9]+")
@@ -87,7 +90,7 @@ class Wheel:
     filename: str
     data: bytes
     tag: PlatformTag
-    requires: str
+    requires: str  # the Requires-Dist line's value, e.g. "tilekiln-runtime>=0.1,<0.2"
     rows: tuple[SizeRow, ...]  # largest first
 
     @property
@@ -146,8 +149,8 @@ def package_bundle(bundle_dir: Path, out_dir: Path, max_size: int) -> tuple[Path
 def make_wheel(bundle_dir: Path) -> Wheel:
     """The wheel of a verified bundle, in memory."""
     manifest = _verified_manifest(bundle_dir)
-    requires = manifest.raw["bundle"].get("runtime_requires")
-    if not isinstance(requires, str) or not requires:
+    runtime_range = manifest.raw["bundle"].get("runtime_requires")
+    if not isinstance(runtime_range, str) or not runtime_range:
         raise _error(bundle_dir / MANIFEST_NAME, "the manifest does not record bundle.runtime_requires, the "
                      "runtime versions that can read it", "rebuild the bundle with this builder (tilekiln build)")
     if not _BUNDLE_NAME.fullmatch(manifest.name):
@@ -164,7 +167,7 @@ def make_wheel(bundle_dir: Path) -> Wheel:
         name=manifest.name, version=manifest.version, arch=manifest.arch, count=len(manifest.kernels),
         group=ENTRY_POINT_GROUP).encode()))
     members = sorted(files, key=lambda m: m.name) + [
-        Member(f"{dist_info}/METADATA", _metadata(manifest, requires).encode()),
+        Member(f"{dist_info}/METADATA", _metadata(manifest, RUNTIME_DISTRIBUTION + runtime_range).encode()),
         Member(f"{dist_info}/WHEEL", _wheel_file(tag).encode()),
         Member(f"{dist_info}/entry_points.txt",
                f"[{ENTRY_POINT_GROUP}]\n{manifest.name} = {pkg}:bundle_dir\n".encode()),
@@ -172,7 +175,8 @@ def make_wheel(bundle_dir: Path) -> Wheel:
     members.append(Member(f"{dist_info}/RECORD", _record(members, f"{dist_info}/RECORD").encode()))
     data, compressed = _zip(members)
     filename = f"{pkg}-{manifest.version}-py3-none-{tag.tag}.whl"
-    return Wheel(filename, data, tag, requires, _breakdown(manifest, pkg, members, compressed))
+    return Wheel(filename, data, tag, RUNTIME_DISTRIBUTION + runtime_range,
+                 _breakdown(manifest, pkg, members, compressed))
 
 
 def _verified_manifest(bundle_dir: Path) -> Manifest:
@@ -203,7 +207,7 @@ def _metadata(m: Manifest, requires: str) -> str:
         f"Version: {m.version}",
         f"Summary: Prebuilt tilekiln GEMM kernels for {m.arch} "
         f"(compute capability {m.compute_capability[0]}.{m.compute_capability[1]}), {len(m.kernels)} kernels",
-        f"Requires-Dist: tilekiln{requires}",
+        f"Requires-Dist: {requires}",
         "Description-Content-Type: text/markdown",
         "",
         f"Bundle `{m.name}` {m.version} of ahead-of-time compiled GEMM kernels for `{m.arch}`, built from "
@@ -215,7 +219,7 @@ def _metadata(m: Manifest, requires: str) -> str:
 
 
 def _wheel_file(tag: PlatformTag) -> str:
-    return (f"Wheel-Version: 1.0\nGenerator: tilekiln {__version__} (builder/wheel.py)\n"
+    return (f"Wheel-Version: 1.0\nGenerator: tilekiln-build {__version__} (builder/wheel.py)\n"
             f"Root-Is-Purelib: false\nTag: py3-none-{tag.tag}\n")
 
 

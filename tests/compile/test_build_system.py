@@ -398,7 +398,7 @@ def test_merge_refuses_shards_of_another_catalog(small, tmp_path):
 
 
 def test_ray_executor_builds_the_same_bundle(small, tmp_path, monkeypatch):
-    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'tilekiln[ray]')")
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'tilekiln-build[ray]')")
     from builder.parallel import RayExecutor
 
     # ray.init writes ~/.ray/auth_token; a test keeps out of the user's home.

@@ -11,14 +11,12 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from packaging.specifiers import SpecifierSet
+from packaging.requirements import Requirement
 
 import tilekiln
 from builder.cli import main
@@ -27,7 +25,6 @@ from builder.wheel import WheelTooLarge, make_wheel, package_bundle
 
 pytestmark = pytest.mark.compile
 
-ROOT = Path(__file__).resolve().parents[2]
 PKG = "tilekiln_kernels_sm90a"
 NO_LIMIT = 10**12
 
@@ -54,27 +51,10 @@ def wheel(small_build, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runtime_wheel(tmp_path_factory) -> Path:
-    """The repo's `tilekiln` distribution, built offline from a copy (so the checkout gets no build/)."""
-    src = tmp_path_factory.mktemp("runtime-src")
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    for name in ("tilekiln", "builder"):
-        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-    out = tmp_path_factory.mktemp("runtime-dist")
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                           "--disable-pip-version-check", "--wheel-dir", str(out), str(src)],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    (path,) = out.glob("tilekiln-*.whl")
-    return path
-
-
-@pytest.fixture(scope="module")
-def installed(venv_factory, wheel, runtime_wheel):
+def installed(venv_factory, wheel, project_wheels):
     venv = venv_factory()
     # Only the bundle is named: pip must find the runtime through the bundle's Requires-Dist.
-    proc = venv.pip_install([wheel.parent, runtime_wheel.parent], ["tilekiln-kernels-sm90a"])
+    proc = venv.pip_install([wheel.parent, project_wheels.runtime.parent], ["tilekiln-kernels-sm90a"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return venv
 
@@ -92,8 +72,8 @@ def test_wheel_name_metadata_and_entry_point(small_build, wheel):
     assert meta["Metadata-Version"] == "2.1"
     assert meta["Name"] == "tilekiln-kernels-sm90a" and meta["Version"] == m["bundle"]["version"]
     (requires,) = meta.get_all("Requires-Dist")
-    assert requires == "tilekiln" + runtime_requirement(tilekiln.__version__)
-    spec = SpecifierSet(requires.removeprefix("tilekiln"))
+    assert requires == "tilekiln-runtime" + runtime_requirement(tilekiln.__version__)
+    spec = Requirement(requires).specifier
     major, minor = (int(x) for x in tilekiln.__version__.split(".")[:2])
     assert tilekiln.__version__ in spec and f"{major}.{minor}.99" in spec
     assert f"{major}.{minor + 1}.0" not in spec
@@ -169,13 +149,15 @@ def test_package_command_reads_the_limit_from_the_catalog(small_build, project_c
 
 def test_installed_wheel_loads_through_its_entry_point_without_build_dependencies(installed, small_build, tmp_path):
     script = """
-import importlib.metadata as md, importlib.util, json, sys
+import importlib.metadata as md, importlib.util, json, os, sys
 import tilekiln
 locations = tilekiln.bundles()
 bundle = tilekiln.load("sm90a")
 build_stack = ("cutlass", "jinja2", "pydantic", "yaml", "click", "rich", "elftools")
 print(json.dumps({
-    "runtime": tilekiln.__file__, "runtime_version": md.version("tilekiln"),
+    "runtime": tilekiln.__file__, "runtime_version": md.version("tilekiln-runtime"),
+    "distributions": sorted(d.metadata["Name"] for d in md.distributions()),
+    "console_script": os.path.exists(os.path.join(sys.prefix, "bin", "tilekiln")),
     "locations": [[loc.name, str(loc.directory), loc.source] for loc in locations],
     "directory": str(bundle.directory), "kernels": [k.id for k in bundle.kernels],
     "library": bundle._library().kernel_ids(),
@@ -194,9 +176,10 @@ print(json.dumps({
     ids = [k["id"] for k in manifest_of(small_build.path)["kernels"]]
     assert out["kernels"] == ids and out["library"] == ids
     assert out["importable"] == [] and out["imported"] == []
+    assert out["distributions"] == ["tilekiln-kernels-sm90a", "tilekiln-runtime"] and not out["console_script"]
 
 
-def test_pip_refuses_a_bundle_whose_runtime_range_excludes_the_runtime(small_build, runtime_wheel, venv_factory,
+def test_pip_refuses_a_bundle_whose_runtime_range_excludes_the_runtime(small_build, project_wheels, venv_factory,
                                                                        rewrite_manifest, tmp_path):
     copy = tmp_path / "sm90a"
     shutil.copytree(small_build.path, copy)
@@ -204,9 +187,9 @@ def test_pip_refuses_a_bundle_whose_runtime_range_excludes_the_runtime(small_bui
     newer = runtime_requirement(f"{major}.{minor + 1}.0")
     rewrite_manifest(copy, lambda m: m["bundle"].update(runtime_requires=newer))
     path, _ = package_bundle(copy, tmp_path / "dist", NO_LIMIT)
-    proc = venv_factory().pip_install([path.parent, runtime_wheel.parent], ["tilekiln-kernels-sm90a"])
+    proc = venv_factory().pip_install([path.parent, project_wheels.runtime.parent], ["tilekiln-kernels-sm90a"])
     assert proc.returncode != 0
-    assert "tilekiln" in proc.stderr and newer.split(",")[0].lstrip(">=") in proc.stderr, proc.stderr
+    assert "tilekiln-runtime" in proc.stderr and newer.split(",")[0].lstrip(">=") in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("form", ["directory", "wheel"])
