@@ -158,6 +158,7 @@ def make_wheel(bundle_dir: Path) -> Wheel:
                      "digits, so it cannot name a Python package", "rebuild the bundle with this builder")
     tag = platform_tag((bundle_dir / manifest.library).read_bytes(), str(bundle_dir / manifest.library),
                        _glibc_target(bundle_dir, manifest))
+    requires = RUNTIME_DISTRIBUTION + runtime_range
     pkg = package_name(manifest.name)
     dist_info = f"{pkg}-{manifest.version}.dist-info"
     files = [Member(f"{pkg}/bundle/{rel}", (bundle_dir / rel).read_bytes(), executable=rel.endswith(".so"))
@@ -167,7 +168,7 @@ def make_wheel(bundle_dir: Path) -> Wheel:
         name=manifest.name, version=manifest.version, arch=manifest.arch, count=len(manifest.kernels),
         group=ENTRY_POINT_GROUP).encode()))
     members = sorted(files, key=lambda m: m.name) + [
-        Member(f"{dist_info}/METADATA", _metadata(manifest, RUNTIME_DISTRIBUTION + runtime_range).encode()),
+        Member(f"{dist_info}/METADATA", _metadata(manifest, requires).encode()),
         Member(f"{dist_info}/WHEEL", _wheel_file(tag).encode()),
         Member(f"{dist_info}/entry_points.txt",
                f"[{ENTRY_POINT_GROUP}]\n{manifest.name} = {pkg}:bundle_dir\n".encode()),
@@ -175,8 +176,7 @@ def make_wheel(bundle_dir: Path) -> Wheel:
     members.append(Member(f"{dist_info}/RECORD", _record(members, f"{dist_info}/RECORD").encode()))
     data, compressed = _zip(members)
     filename = f"{pkg}-{manifest.version}-py3-none-{tag.tag}.whl"
-    return Wheel(filename, data, tag, RUNTIME_DISTRIBUTION + runtime_range,
-                 _breakdown(manifest, pkg, members, compressed))
+    return Wheel(filename, data, tag, requires, _breakdown(manifest, pkg, members, compressed))
 
 
 def _verified_manifest(bundle_dir: Path) -> Manifest:
