@@ -6,10 +6,13 @@ STAMP := $(VENV)/.installed
 
 .PHONY: build-kernels test wheel clean
 
-$(STAMP): pyproject.toml
+# Both distributions editable, in one resolve: the build tool (this directory) pins
+# tilekiln-runtime, which ./runtime provides from this checkout. The ./ matters: a bare
+# `runtime` would be a requirement name for pip, and PyPI has a package of that name.
+$(STAMP): pyproject.toml runtime/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[build,test]'
+	$(BIN)/python -m pip install --quiet -e ./runtime -e '.[test]'
 	touch $(STAMP)
 
 build-kernels: $(STAMP)
@@ -19,12 +22,13 @@ build-kernels: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
-# dist/: the runtime wheel (tilekiln-<version>-py3-none-any.whl) and one wheel per
-# bundle under artifacts/. build/ is setuptools' scratch tree; stale files there
-# would end up in the runtime wheel.
+# dist/: the runtime wheel (tilekiln_runtime-<version>-py3-none-any.whl), the build tool's
+# (tilekiln_build-<version>-py3-none-any.whl) and one wheel per bundle under artifacts/.
+# build/ and runtime/build/ are setuptools' scratch trees; stale files there would end up
+# in a wheel.
 wheel: build-kernels
-	rm -rf build
-	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir dist .
+	rm -rf build runtime/build
+	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir dist ./runtime .
 	$(BIN)/tilekiln package artifacts/*/ --out dist
 
 clean:

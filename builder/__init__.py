@@ -2,7 +2,8 @@
 
 Imports pydantic, jinja2, PyYAML and (in compile workers only) the CuTe DSL.
 The runtime package ``tilekiln`` never imports this package; this package
-takes its version from the runtime, so the two always agree.
+takes its version from the runtime, and its distribution (tilekiln-build)
+pins the runtime's (tilekiln-runtime) to that same version.
 """
 
 from tilekiln import __version__

@@ -12,8 +12,9 @@
    (registers, spills, shared memory, SASS census);
 4. check each fresh object's toolchain and traced shared-memory size
    against this build's and the validator's model, and cache it at once;
-5. link the passing kernels into one library (cached by its inputs) and put
-   the bundle in place atomically, under its lock, leaving a bundle that is
+5. link the passing kernels into one library for the catalog's glibc target
+   (cached by its inputs), fail with GLIBC-TARGET if it needs a newer glibc
+   (``builder/platform_tag.py``), and put the bundle in place atomically, under its lock, leaving a bundle that is
    already current untouched (``builder/publish.py``); a ``--shard`` build
    writes its shard directory instead (``builder/shard.py``, combined by
    ``builder/merge.py``).
@@ -30,7 +31,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builder.bundle import BundleFile, bundle_name, library_name, write_bundle
+from builder.bundle import BundleFile, bundle_name, library_name, source_file, write_bundle
 from builder.cache import ContentCache, canonical_key
 from builder.compile import COMPILE_ENV, CompileFailure, CompileJob, CompileOutput
 from builder.cubin import compiled_for
@@ -38,6 +39,8 @@ from builder.diagnostics import Diagnostic, DiagnosticError, Location, Severity,
 from builder.link import LinkInput, link_library, link_recipe, render_glue
 from builder.manifest import make_manifest
 from builder.parallel import Executor
+from builder.paths import display_path
+from builder.platform_tag import GlibcTarget, platform_tag
 from builder.progress import BuildProgress
 from builder.publish import REPORT_NAME, bundle_is_current, bundle_output, publish_failure_report, write_atomic
 from builder.records import KernelRecord, record_from_meta
@@ -46,6 +49,7 @@ from builder.rules import KernelContext
 from builder.shard import write_shard
 from builder.toolchain import compiler_fingerprint, inspector_fingerprint, toolchain
 from builder.validate import Project, Validation, validate_project
+from builder.yamlsrc import load_yaml
 
 # Bump when compile.py changes what it feeds the DSL or how it exports.
 # 2: workers drop the caller's CUTE_DSL_* variables; results carry the toolchain.
@@ -236,7 +240,7 @@ def _record_from_result(p: PlannedKernel, result: CompileOutput | CompileFailure
     if result.toolchain != local:
         return failed(f"TOOLCHAIN-MISMATCH: the worker that compiled this kernel has toolchain "
                       f"{'/'.join(t[:12] for t in result.toolchain)}, this build {'/'.join(t[:12] for t in local)}; "
-                      "install the same tilekiln[build] wheels (and Python minor version) on every executor node")
+                      "install the same tilekiln-build wheels (and Python minor version) on every executor node")
     cubin, info = result.cubin, result.info
     try:
         target = compiled_for(cubin)
@@ -277,11 +281,14 @@ def write_bundle_for(arch: str, records: list[KernelRecord], validation: Validat
     if (failed and not request.allow_partial) or not passed:
         report_path = publish_failure_report(request.out_dir, bundle, report_bytes)
         return BundleResult(bundle, arch, tuple(records), None, report_path)
-    library = link_cached(bundle, passed, cache)
+    target = glibc_target(request.root, validation)
+    library = link_cached(bundle, passed, cache, target.version)
+    # The wheel will promise this glibc: a library that needs a newer one fails the build here.
+    platform_tag(library, f"{bundle}/lib/{library_name(bundle)}", target)
+    # Each kernel's cubin is inside the library already (its fatbin); the manifest keeps
+    # the cubin's sha256 and size, so the bundle stores every byte of device code once.
     files = [BundleFile(f"lib/{library_name(bundle)}", library)]
-    for r in passed:
-        files.append(BundleFile(f"cubins/{r.kernel_id}.cubin", r.cubin))
-        files.append(BundleFile(f"sources/{r.kernel_id}.py", r.source.encode()))
+    files += [BundleFile(source_file(r.kernel_id), r.source.encode()) for r in passed]
     manifest = make_manifest(arch, passed, validation, request.root)
     with bundle_output(request.out_dir, bundle) as path:
         unchanged = bundle_is_current(path, files, manifest)
@@ -299,19 +306,26 @@ def write_shard_for(arch: str, records: list[KernelRecord], request: BuildReques
     return BundleResult(bundle_name(arch), arch, tuple(records), path, path / REPORT_NAME, (index, count))
 
 
-def link_cached(bundle: str, records: list[KernelRecord], cache: ContentCache) -> bytes:
-    """The bundle's library, keyed by every link input: glue, objects, shim, flags and toolchain."""
+def glibc_target(root: Path, validation: Validation) -> GlibcTarget:
+    """The catalog's glibc target, located at its line of catalog/catalog.yaml for the diagnostic that cites it."""
+    path = Project(root).catalog_dir / "catalog.yaml"
+    location = load_yaml(path, display_path(path, root)).locate(("glibc",))
+    return GlibcTarget(validation.catalog.settings.glibc_version, location)
+
+
+def link_cached(bundle: str, records: list[KernelRecord], cache: ContentCache, glibc: tuple[int, int]) -> bytes:
+    """The bundle's library, keyed by every link input: glue, objects, shim, flags, glibc target and toolchain."""
     inputs = [LinkInput(r.kernel_id, r.object_bytes, r.entry) for r in records]
     key = canonical_key({"kind": "library", "glue": render_glue(bundle, inputs), "recipe": link_recipe(),
                          "objects": [hashlib.sha256(r.object_bytes).hexdigest() for r in records],
-                         "toolchain": toolchain().fingerprint, "bundle": bundle})
+                         "glibc": list(glibc), "toolchain": toolchain().fingerprint, "bundle": bundle})
     hit = cache.get("library", key)
     if hit is not None:
         return hit.read("lib.so")
     # The file name becomes the soname, so it is the library's own, in a private directory.
     with cache.scratch("link") as work:
         out = work / library_name(bundle)
-        link_library(bundle, inputs, out)
+        link_library(bundle, inputs, out, glibc)
         data = out.read_bytes()
     cache.put("library", key, {"lib.so": data}, {"bundle": bundle})
     return data

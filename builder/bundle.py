@@ -1,11 +1,14 @@
-"""Write a bundle directory: library, cubins, sources and ``manifest.json``.
+"""Write a bundle directory: library, sources and ``manifest.json``.
 
 Layout (``docs/bundle-format.md`` is the normative description)::
 
     <bundle>/manifest.json        schema, versions, provenance, kernels, file hashes
     <bundle>/lib/libtilekiln_<bundle>.so
-    <bundle>/cubins/<kernel id>.cubin
-    <bundle>/sources/<kernel id>.py
+    <bundle>/sources/<kernel id>.py.txt
+
+The kernels' cubins are not files of their own: the library embeds each one
+whole, and the manifest records its sha256 and size. Sources are text, not
+modules (``.py.txt``), so installing a bundle wheel byte-compiles nothing.
 
 The bundle is assembled in a temporary sibling directory and swapped into
 place atomically (``renameat2(RENAME_EXCHANGE)`` where the file system has it,
@@ -43,6 +46,11 @@ def bundle_name(arch: str) -> str:
 
 def library_name(bundle: str) -> str:
     return f"libtilekiln_{bundle}.so"
+
+
+def source_file(kernel_id: str) -> str:
+    """The bundle path of a kernel's rendered CuTe DSL source."""
+    return f"sources/{kernel_id}.py.txt"
 
 
 def manifest_bytes(manifest: dict) -> bytes:

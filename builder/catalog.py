@@ -5,7 +5,7 @@ gives fields directly or lists values under ``sweep`` (the cartesian product
 of the listed values is taken); ``defaults`` fills what an item leaves out.
 Every expanded :class:`CatalogEntry` remembers the YAML path each of its
 fields came from, so a rule can point at the exact line of the value it
-rejects. ``catalog/catalog.yaml`` holds the bundle version and size budget.
+rejects. ``catalog/catalog.yaml`` holds the bundle version, glibc target and size budget.
 """
 
 from __future__ import annotations
@@ -101,6 +101,8 @@ class CatalogSettings(YamlModel):
     # and float() then read as if they were ASCII.
     version: str = Field(pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$", description="semantic version of built bundles")
     wheel_size_limit: str = Field(default="100MB", pattern=r"^[0-9]+(\.[0-9]+)?\s*(B|KB|MB|GB)$")
+    glibc: str = Field(pattern=r"^2\.[0-9]+$", description="oldest glibc the bundles run on, quoted: '2.28'; "
+                       "the library is linked for it and its wheel tagged manylinux_2_28")
 
     @field_validator("version")
     @classmethod
@@ -112,6 +114,11 @@ class CatalogSettings(YamlModel):
     @property
     def wheel_size_limit_bytes(self) -> int:
         return parse_size(self.wheel_size_limit)
+
+    @property
+    def glibc_version(self) -> tuple[int, int]:
+        major, minor = self.glibc.split(".")
+        return int(major), int(minor)
 
 
 def parse_size(text: str) -> int:

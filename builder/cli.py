@@ -369,8 +369,8 @@ def package(root: Path, bundles: tuple[str, ...], out_dir: str, max_size: str | 
         except DiagnosticError as exc:
             _report(exc.diagnostics, "text")
             sys.exit(EXIT_INVALID)
-        click.echo(f"{path}: {wheel.size:,} bytes (limit {limit:,}); requires tilekiln{wheel.requires}; "
-                   f"library needs glibc {wheel.tag.required[0]}.{wheel.tag.required[1]}")
+        click.echo(f"{path}: {wheel.size:,} bytes (limit {limit:,}); requires {wheel.requires}; {wheel.tag.tag} "
+                   f"(library needs glibc {wheel.tag.required[0]}.{wheel.tag.required[1]})")
 
 
 def _open_artifacts(fmt: str, *paths: str) -> list:

@@ -1,8 +1,9 @@
 """Console entry point: runs the CLI and turns any escaped exception into exit 101,
 with its traceback under ``tilekiln --debug`` or ``TILEKILN_DEBUG=1``.
 
-Kept free of third-party imports so that a runtime-only install (no build
-extra) gets a one-line explanation instead of an ImportError traceback.
+Kept free of third-party imports so that an environment missing one of the
+build tool's dependencies (installed with ``--no-deps``, or damaged) gets a
+one-line explanation instead of an ImportError traceback.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ def main() -> None:
     try:
         from builder.cli import main as cli, wants_traceback
     except ImportError as exc:
-        print(f"tilekiln: the command line needs the build extra ({exc.name} is missing); "
-              "install it with: pip install 'tilekiln[build]'", file=sys.stderr)
+        print(f"tilekiln: the command line needs the build tool's dependencies ({exc.name} is missing); "
+              "install them with: pip install tilekiln-build", file=sys.stderr)
         sys.exit(2)
     try:
         cli(prog_name="tilekiln")

@@ -18,7 +18,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from builder.artifact import Artifact
-from builder.wheel import SizeRow
+from builder.wheel import RUNTIME_DISTRIBUTION, SizeRow
 from tilekiln.manifest import MANIFEST_NAME
 
 # Kernel fields that differ between equal kernels: the position in the table,
@@ -60,7 +60,7 @@ def print_inspect(a: Artifact, console: Console) -> None:
     console.print(f"{m.name} {m.version}: {m.arch} ({_kind(m.arch_kind)}, compute capability "
                   f"{m.compute_capability[0]}.{m.compute_capability[1]}), {len(m.kernels)} kernels; {a.kind} {a.path}")
     console.print(f"manifest schema {raw.get('schema_version')}, library ABI {m.abi_version}, "
-                  f"runtime tilekiln{b.get('runtime_requires', ' (not recorded)')}")
+                  f"runtime {RUNTIME_DISTRIBUTION}{b.get('runtime_requires', ' (not recorded)')}")
     if a.wheel:
         console.print(f"wheel {a.wheel.distribution} {a.wheel.version}, tag {a.wheel.tag}, "
                       f"requires {', '.join(a.wheel.requires) or 'nothing'}")
@@ -91,8 +91,8 @@ def print_inspect(a: Artifact, console: Console) -> None:
     console.print(f"  tuning         {len(tuning['table'])} shape buckets measured on {tuning.get('device', 'unknown')}"
                   if tuning.get("table") else "  tuning         none (kernels chosen by the selector's model)")
     console.print(f"size: {_bytes(a.total_bytes)} in {len(a.sizes)} files (library "
-                  f"{_bytes(a.size_of(m.library) or 0)}, cubins "
-                  f"{_bytes(sum(n for r, n in a.sizes if r.startswith('cubins/')))})"
+                  f"{_bytes(a.size_of(m.library) or 0)}, of it cubins "
+                  f"{_bytes(sum(k.cubin_bytes for k in m.kernels))})"
                   + (f"; wheel {_bytes(a.wheel.archive_bytes)}" if a.wheel else ""))
 
 
@@ -258,8 +258,8 @@ def print_size_breakdown(rows: tuple[SizeRow, ...], console: Console | None = No
     for r in rows:
         table.add_row(r.part, f"{r.raw_bytes:,}", f"{r.wheel_bytes:,}", f"{100 * r.wheel_bytes / total:.1f}%")
     _print_table(console, table)
-    console.print("a kernel's row is its cubin and source; the library embeds every kernel's code once more, "
-                  "so dropping a kernel saves about twice its row")
+    console.print("a kernel's row is its source; its device code is inside the library, "
+                  "`tilekiln inspect` lists each kernel's share (cubin B)")
 
 
 def _print_table(console: Console, table: Table) -> None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import tilekiln
 from builder import __version__
-from builder.bundle import bundle_name, library_name
+from builder.bundle import bundle_name, library_name, source_file
 from builder.toolchain import driver_floor, toolchain
 from builder.tuning import read_tuning
 from builder.verification import VerificationFile, read_verification
@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 # Major: a change a reader of the previous major cannot ignore (a field removed,
 # renamed or given a new meaning). Minor: fields added that old readers skip.
+# 1.3: cubins live only inside the library (no cubins/ files, no cubin.file; no
+# reader ever opened one), sources are sources/<id>.py.txt, bundle.glibc,
+# bundle.driver_requires and each kernel's verified_on.
 MANIFEST_SCHEMA_VERSION = "1.3"
 
 
@@ -57,7 +60,8 @@ def make_manifest(arch: str, records: list[KernelRecord], validation: Validation
                    "arch": arch, "arch_kind": target.kind,
                    "compute_capability": list(target.compute_capability), "abi_version": ABI_VERSION,
                    "runtime_requires": runtime_requirement(tilekiln.__version__),
-                   "driver_requires": {"cuda_version": floor.cuda_version, "linux_driver": floor.linux_driver}},
+                   "driver_requires": {"cuda_version": floor.cuda_version, "linux_driver": floor.linux_driver},
+                   "glibc": validation.catalog.settings.glibc},
         "library": f"lib/{library_name(bundle_name(arch))}",
         "toolchain": {"builder": __version__, **dict(tools.versions), "cc": tools.cc_version},
         "provenance": {"git_commit": git_commit(root),
@@ -114,8 +118,8 @@ def _kernel(index: int, r: KernelRecord, verification: VerificationFile | None) 
                       "static_smem_bytes": r.info.static_smem_bytes, "stack_bytes": r.info.stack_bytes,
                       "local_bytes": r.info.local_bytes, "spills": r.info.spills,
                       "sass": dict(r.info.census)},
-        "source": {"file": f"sources/{r.kernel_id}.py", "sha256": hashlib.sha256(r.source.encode()).hexdigest()},
-        "cubin": {"file": f"cubins/{r.kernel_id}.cubin", "sha256": cubin_sha256, "bytes": len(r.cubin)},
+        "source": {"file": source_file(r.kernel_id), "sha256": hashlib.sha256(r.source.encode()).hexdigest()},
+        "cubin": {"sha256": cubin_sha256, "bytes": len(r.cubin)},
         "symbols": {"prefix": r.entry.prefix, "init": r.entry.init, "load": r.entry.load_to_device,
                     "launch": r.entry.launch},
         "catalog": {"file": ctx.entry.file, "item": ctx.entry.item},

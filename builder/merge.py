@@ -102,7 +102,7 @@ def _check_against_checkout(root: Path, shards: list[Shard],
             problems.append(Diagnostic(
                 "SHARD-STALE", f"{key[1]} ({key[0]}) in shard {shard.index}/{shard.count} was compiled from other "
                 "inputs (source, options or toolchain) than this checkout would use", Location(str(shard.path)),
-                "build the shards and merge from the same commit with the same tilekiln[build] wheels"))
+                "build the shards and merge from the same commit with the same tilekiln-build wheels"))
     if problems:
         raise DiagnosticError(problems)
     return by_kernel

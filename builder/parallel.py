@@ -136,7 +136,7 @@ def _marked_compile(job: CompileJob, mark: str) -> Result:
 
 @dataclass
 class RayExecutor:
-    """Sends compile jobs to a Ray cluster (``pip install 'tilekiln[ray]'``).
+    """Sends compile jobs to a Ray cluster (``pip install 'tilekiln-build[ray]'``).
 
     ``address`` None joins the Ray instance this process already started, or
     starts a local one (``RAY_ADDRESS`` is honoured by Ray); otherwise a
@@ -144,7 +144,7 @@ class RayExecutor:
     Ray task needing one CPU and a compile's memory; results travel back as
     the same values the local pool returns, and the build checks each one's
     toolchain fingerprint, so a node with other wheel versions cannot slip an
-    object into the bundle. Every node needs ``tilekiln[build]`` installed.
+    object into the bundle. Every node needs ``tilekiln-build`` installed.
     """
 
     address: str | None
@@ -187,7 +187,7 @@ def make_executor(spec: str, jobs: int) -> Executor:
         return LocalExecutor(jobs)
     if spec == "ray" or spec.startswith("ray="):
         if importlib.util.find_spec("ray") is None:
-            raise ValueError("--executor ray needs Ray: pip install 'tilekiln[ray]'")
+            raise ValueError("--executor ray needs Ray: pip install 'tilekiln-build[ray]'")
         return RayExecutor(spec.partition("=")[2] or None)
     close = did_you_mean(spec, ("local", "ray"))
     raise ValueError(f"unknown executor {spec!r}; " + (f"did you mean {close!r}? " if close else "")

@@ -1,25 +1,26 @@
-"""The wheel platform tag a bundle's shared library can honestly carry (PEP 600).
+"""The wheel platform tag of a bundle's shared library, and the check that it keeps its promise (PEP 600).
 
 ``manylinux_X_Y_<arch>`` promises that the wheel runs on any Linux whose
-glibc is X.Y or newer. The tag is read from the library, not from the build
-host:
+glibc is X.Y or newer. X.Y is the bundle's glibc target (``glibc`` in
+``catalog/catalog.yaml``, recorded in the manifest as ``bundle.glibc``), the
+version the library was linked for; the library is read to check it:
 
 - the ELF machine gives the arch (``x86_64``, ``aarch64``);
 - every ``DT_NEEDED`` entry must be part of glibc itself (libc, libm, libdl,
   librt, libpthread and the dynamic loader), which every manylinux system
   has; anything else is refused, since pip cannot check it;
-- the highest ``GLIBC_x.y`` version in ``.gnu.version_r`` is X.Y.
+- the highest ``GLIBC_x.y`` version in ``.gnu.version_r`` must not be newer
+  than the target (GLIBC-TARGET, naming the symbols that need more);
   ``GLIBC_PRIVATE`` is refused: it binds to one glibc build.
 
 pip generates no PEP 600 tag below glibc 2.5 on x86-64 and 2.17 on
-aarch64 (``packaging/_manylinux.py``, ``too_old_glibc2``), so a library that
-needs less is tagged at that floor, which it satisfies all the same.
+aarch64 (``packaging/_manylinux.py``, ``too_old_glibc2``), so a lower target
+is tagged at that floor, which the library satisfies all the same.
 
-Measured: ``libtilekiln_sm90a.so`` linked on Debian 12 (glibc 2.36) needs
-``GLIBC_2.34``: glibc 2.34 moved the pthread, semaphore and dl* symbols the
-static CUDA runtime calls into libc under that version, so a library linked
-against 2.34 or newer can only be ``manylinux_2_34``. A wider tag needs a link
-on an older glibc, not a different label.
+The tag is the target, not the library's own need, so it moves only when
+the catalog moves it. Measured: ``libtilekiln_sm90a.so`` linked by zig for
+glibc 2.28 needs ``GLIBC_2.17``; linked by Debian 12's gcc against glibc 2.36
+it needed ``GLIBC_2.34``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
-from elftools.elf.gnuversions import GNUVerNeedSection
+from elftools.elf.gnuversions import GNUVerNeedSection, GNUVerSymSection
 
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 
@@ -45,9 +46,21 @@ _GLIBC_VERSION = re.compile(r"GLIBC_(\d+)\.(\d+)(?:\.\d+)?")
 
 
 @dataclass(frozen=True)
+class GlibcTarget:
+    """The oldest glibc a bundle promises to run on, and where that promise is written."""
+
+    version: tuple[int, int]
+    location: Location  # catalog.yaml's `glibc`, or a manifest's bundle.glibc
+
+    @property
+    def text(self) -> str:
+        return f"{self.version[0]}.{self.version[1]}"
+
+
+@dataclass(frozen=True)
 class PlatformTag:
     arch: str
-    glibc: tuple[int, int]  # the tag's glibc: max(required, floor)
+    glibc: tuple[int, int]  # the tag's glibc: max(target, floor)
     required: tuple[int, int]  # the highest GLIBC_x.y the library asks for
     needed: tuple[str, ...]
 
@@ -56,15 +69,20 @@ class PlatformTag:
         return f"manylinux_{self.glibc[0]}_{self.glibc[1]}_{self.arch}"
 
 
-def platform_tag(library: bytes, label: str) -> PlatformTag:
-    """The manylinux tag of a shared library's bytes; ``label`` names it in errors."""
+def platform_tag(library: bytes, label: str, target: GlibcTarget) -> PlatformTag:
+    """The manylinux tag of a shared library's bytes built for ``target``; ``label`` names it in errors.
+
+    Raises ``DiagnosticError``: WHEEL-PLATFORM when no manylinux tag fits the
+    library, GLIBC-TARGET (at ``target.location``) when it needs a newer glibc.
+    """
     try:
         elf = ELFFile(io.BytesIO(library))
         machine = elf["e_machine"]
         needed = tuple(sorted(tag.needed for s in elf.iter_sections() if isinstance(s, DynamicSection)
                               for tag in s.iter_tags() if tag.entry.d_tag == "DT_NEEDED"))
-        versions = [(verneed.name, aux.name) for s in elf.iter_sections() if isinstance(s, GNUVerNeedSection)
-                    for verneed, auxes in s.iter_versions() for aux in auxes]
+        versions = [(aux.name, verneed.name, aux["vna_other"]) for s in elf.iter_sections()
+                    if isinstance(s, GNUVerNeedSection) for verneed, auxes in s.iter_versions() for aux in auxes]
+        users = _symbols_by_version(elf, {index: name for name, _, index in versions})
     except ELFError as exc:
         raise _error(label, f"is not a readable ELF shared library ({exc})", "rebuild the bundle") from None
     if machine not in MACHINES:
@@ -77,13 +95,42 @@ def platform_tag(library: bytes, label: str) -> PlatformTag:
         raise _error(label, f"needs {', '.join(foreign)}, which is not part of glibc, so no manylinux tag "
                             "can promise it", "link it statically or drop the dependency (only libc may remain)")
     required = (2, 0)
-    for file, name in versions:
+    for name, file, _ in versions:
         match = _GLIBC_VERSION.fullmatch(name)
         if match is None:
             raise _error(label, f"requires symbol version {name} of {file}, which no manylinux tag covers",
                          "link without it (GLIBC_PRIVATE binds to one glibc build)")
         required = max(required, (int(match.group(1)), int(match.group(2))))
-    return PlatformTag(arch, max(required, floor), required, needed)
+    if required > target.version:
+        raise _too_new(label, target, required, users)
+    return PlatformTag(arch, max(target.version, floor), required, needed)
+
+
+def _symbols_by_version(elf: ELFFile, names: dict[int, str]) -> dict[str, list[str]]:
+    """Version name -> the undefined dynamic symbols bound to it; ``names`` maps version indices to names."""
+    versym = next((s for s in elf.iter_sections() if isinstance(s, GNUVerSymSection)), None)
+    dynsym = elf.get_section_by_name(".dynsym")
+    if versym is None or dynsym is None:
+        return {}
+    users: dict[str, list[str]] = {}
+    for index, symbol in enumerate(dynsym.iter_symbols()):
+        version = names.get(versym.get_symbol(index)["ndx"])
+        if symbol["st_shndx"] == "SHN_UNDEF" and version is not None:
+            users.setdefault(version, []).append(symbol.name)
+    return users
+
+
+def _too_new(label: str, target: GlibcTarget, required: tuple[int, int],
+             users: dict[str, list[str]]) -> DiagnosticError:
+    symbols = sorted(f"{s}@{name}" for name, names in users.items() if (m := _GLIBC_VERSION.fullmatch(name))
+                     and (int(m.group(1)), int(m.group(2))) > target.version for s in names)
+    shown = ", ".join(symbols[:8]) + (f" and {len(symbols) - 8} more" if len(symbols) > 8 else "")
+    return DiagnosticError([Diagnostic(
+        "GLIBC-TARGET", f"the library {label} needs glibc {required[0]}.{required[1]} ({shown}), newer than "
+        f"the target glibc {target.text} its wheel would promise", target.location,
+        "rebuild with the pinned zig (builder/link.py), which links against the target's symbol versions, "
+        "or raise `glibc` in catalog/catalog.yaml, which leaves systems older than that out",
+        facts={"target": target.text, "required": f"{required[0]}.{required[1]}", "symbols": symbols})])
 
 
 def _error(label: str, problem: str, hint: str) -> DiagnosticError:

@@ -1,16 +1,19 @@
 """The pinned build toolchain: where its pieces are and what versions they are.
 
-Everything comes from wheels in the build environment (no system CUDA):
-the CuTe DSL compiler, ``libcudart_static.a`` and the CUDA headers, and
-``cuobjdump``. :func:`toolchain` fails closed: a missing piece is an error
-naming the wheel to install, never a silent fallback to something on PATH,
-because the toolchain versions are part of every cache key.
+Everything comes from wheels in the build environment (no system CUDA, no
+system C compiler): the CuTe DSL compiler, ``libcudart_static.a`` and the
+CUDA headers, ``cuobjdump``, and zig (the ``ziglang`` wheel), whose clang and
+lld compile and link the bundle library against the glibc version the catalog
+targets rather than the build host's. :func:`toolchain` fails closed: a
+missing piece is an error naming the wheel to install, never a silent
+fallback to something on PATH, because the toolchain versions are part of
+every cache key.
 
 Two fingerprints, so each cache key holds what decides its step and no more:
 :func:`compiler_fingerprint` (DSL wheels, CUDA runtime, Python minor version;
-computable in a compile worker that has no gcc) keys compiled kernels and is
+computable in a compile worker that has no zig) keys compiled kernels and is
 reported back by every worker, so a Ray node with a different toolchain is
-caught; :attr:`Toolchain.fingerprint` (the same wheels plus gcc) keys linked
+caught; :attr:`Toolchain.fingerprint` (the same wheels plus zig) keys linked
 libraries.
 """
 
@@ -18,8 +21,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata as md
+import importlib.util
 import re
-import shutil
 import sys
 import subprocess
 from dataclasses import dataclass
@@ -53,9 +56,9 @@ class Toolchain:
     cuda_include: Path
     cudart_static: Path
     cuobjdump: Path
-    cc: str
+    cc: tuple[str, ...]  # the C compiler and linker: ``zig cc``
     versions: tuple[tuple[str, str], ...]
-    cc_version: str
+    cc_version: str  # e.g. "zig 0.17.1"
 
     @property
     def fingerprint(self) -> str:
@@ -71,7 +74,7 @@ def _distribution_version(name: str) -> str:
         return md.version(name)
     except md.PackageNotFoundError:
         raise ToolchainError(f"the build toolchain needs the {name} wheel; run `make build-kernels` "
-                             "or `pip install -e '.[build]'`") from None
+                             "or `pip install tilekiln-build`") from None
 
 
 def _nvidia_dir() -> Path:
@@ -150,8 +153,17 @@ def toolchain() -> Toolchain:
                         (base / "include" / "crt" / "host_config.h", "nvidia-cuda-crt")):
         if not path.exists():
             raise ToolchainError(f"{path.name} not found under {base}; install the {wheel} wheel")
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        raise ToolchainError("no C compiler (gcc) found; linking a bundle needs one")
-    cc_version = subprocess.run([cc, "-dumpfullversion"], capture_output=True, text=True).stdout.strip()
-    return Toolchain(base / "include", cudart, cuda_binutils() / "cuobjdump", cc, versions, cc_version)
+    zig = zig_binary()
+    zig_version = subprocess.run([str(zig), "version"], capture_output=True, text=True).stdout.strip()
+    return Toolchain(base / "include", cudart, cuda_binutils() / "cuobjdump", (str(zig), "cc"), versions,
+                     f"zig {zig_version}")
+
+
+def zig_binary() -> Path:
+    """The zig binary inside the ``ziglang`` wheel's package directory."""
+    spec = importlib.util.find_spec("ziglang")
+    zig = None if spec is None else Path(next(iter(spec.submodule_search_locations))) / "zig"
+    if zig is None or not zig.is_file():
+        raise ToolchainError("zig not found; linking a bundle needs the ziglang wheel "
+                             "(pip install tilekiln-build, or `make build-kernels`)")
+    return zig

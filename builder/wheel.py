@@ -8,8 +8,9 @@
 
 It registers ``<bundle> = tilekiln_kernels_<bundle>:bundle_dir`` under the
 entry-point group ``tilekiln.bundles`` and requires the runtime range the
-manifest records (``tilekiln>=0.1,<0.2``), so pip installs a runtime that
-reads it. The platform tag comes from the library (``builder/platform_tag.py``).
+manifest records (``tilekiln-runtime>=0.1,<0.2``), so pip installs a runtime that
+reads it. The platform tag is the glibc the library was linked for (``bundle.glibc``),
+checked against the library (``builder/platform_tag.py``).
 
 Why the standard library's zipfile and not a build backend: a bundle is not
 a Python project to build, it is a fixed set of files whose names and
@@ -38,11 +39,14 @@ from pathlib import Path
 
 from builder import __version__
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
-from builder.platform_tag import PlatformTag, platform_tag
+from builder.platform_tag import GlibcTarget, PlatformTag, platform_tag
 from tilekiln.discovery import ENTRY_POINT_GROUP
 from tilekiln.errors import BundleError
 from tilekiln.manifest import MANIFEST_NAME, Manifest, read_manifest
 
+# The distribution of the runtime (runtime/pyproject.toml); the import name is `tilekiln`,
+# but PyPI's `tilekiln` is an unrelated project, so a bundle must never require that name.
+RUNTIME_DISTRIBUTION = "tilekiln-runtime"
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 COMPRESS_LEVEL = 9
 _BUNDLE_NAME = re.compile(r"[a-z0-9]+")
@@ -86,7 +90,7 @@ class Wheel:
     filename: str
     data: bytes
     tag: PlatformTag
-    requires: str
+    requires: str  # the Requires-Dist line's value, e.g. "tilekiln-runtime>=0.1,<0.2"
     rows: tuple[SizeRow, ...]  # largest first
 
     @property
@@ -145,14 +149,16 @@ def package_bundle(bundle_dir: Path, out_dir: Path, max_size: int) -> tuple[Path
 def make_wheel(bundle_dir: Path) -> Wheel:
     """The wheel of a verified bundle, in memory."""
     manifest = _verified_manifest(bundle_dir)
-    requires = manifest.raw["bundle"].get("runtime_requires")
-    if not isinstance(requires, str) or not requires:
+    runtime_range = manifest.raw["bundle"].get("runtime_requires")
+    if not isinstance(runtime_range, str) or not runtime_range:
         raise _error(bundle_dir / MANIFEST_NAME, "the manifest does not record bundle.runtime_requires, the "
                      "runtime versions that can read it", "rebuild the bundle with this builder (tilekiln build)")
     if not _BUNDLE_NAME.fullmatch(manifest.name):
         raise _error(bundle_dir / MANIFEST_NAME, f"bundle name {manifest.name!r} is not lower-case letters and "
                      "digits, so it cannot name a Python package", "rebuild the bundle with this builder")
-    tag = platform_tag((bundle_dir / manifest.library).read_bytes(), str(bundle_dir / manifest.library))
+    tag = platform_tag((bundle_dir / manifest.library).read_bytes(), str(bundle_dir / manifest.library),
+                       _glibc_target(bundle_dir, manifest))
+    requires = RUNTIME_DISTRIBUTION + runtime_range
     pkg = package_name(manifest.name)
     dist_info = f"{pkg}-{manifest.version}.dist-info"
     files = [Member(f"{pkg}/bundle/{rel}", (bundle_dir / rel).read_bytes(), executable=rel.endswith(".so"))
@@ -183,6 +189,16 @@ def _verified_manifest(bundle_dir: Path) -> Manifest:
         raise _error(bundle_dir, str(exc), "rebuild the bundle with `tilekiln build`") from None
 
 
+def _glibc_target(bundle_dir: Path, manifest: Manifest) -> GlibcTarget:
+    """The glibc the bundle was linked for, which its wheel's manylinux tag promises."""
+    glibc = manifest.raw["bundle"].get("glibc")
+    if not isinstance(glibc, str) or not re.fullmatch(r"2\.\d+", glibc):
+        raise _error(bundle_dir / MANIFEST_NAME, "the manifest does not record bundle.glibc, the glibc its "
+                     "library was linked for", "rebuild the bundle with this builder (tilekiln build)")
+    major, minor = glibc.split(".")
+    return GlibcTarget((int(major), int(minor)), Location(str(bundle_dir / MANIFEST_NAME), path="bundle.glibc"))
+
+
 def _metadata(m: Manifest, requires: str) -> str:
     provenance = m.raw.get("provenance", {})
     lines = [
@@ -191,7 +207,7 @@ def _metadata(m: Manifest, requires: str) -> str:
         f"Version: {m.version}",
         f"Summary: Prebuilt tilekiln GEMM kernels for {m.arch} "
         f"(compute capability {m.compute_capability[0]}.{m.compute_capability[1]}), {len(m.kernels)} kernels",
-        f"Requires-Dist: tilekiln{requires}",
+        f"Requires-Dist: {requires}",
         "Description-Content-Type: text/markdown",
         "",
         f"Bundle `{m.name}` {m.version} of ahead-of-time compiled GEMM kernels for `{m.arch}`, built from "
@@ -203,7 +219,7 @@ def _metadata(m: Manifest, requires: str) -> str:
 
 
 def _wheel_file(tag: PlatformTag) -> str:
-    return (f"Wheel-Version: 1.0\nGenerator: tilekiln {__version__} (builder/wheel.py)\n"
+    return (f"Wheel-Version: 1.0\nGenerator: tilekiln-build {__version__} (builder/wheel.py)\n"
             f"Root-Is-Purelib: false\nTag: py3-none-{tag.tag}\n")
 
 
@@ -230,12 +246,9 @@ def _zip(members: list[Member]) -> tuple[bytes, dict[str, int]]:
 
 
 def _breakdown(m: Manifest, pkg: str, members: list[Member], compressed: dict[str, int]) -> tuple[SizeRow, ...]:
-    """Size per kernel (its cubin and source), the library (which embeds every kernel's
-    code once more), the manifest, and the package's own files."""
-    owner: dict[str, str] = {}
-    for kernel in m.raw["kernels"]:
-        owner[f"{pkg}/bundle/{kernel['cubin']['file']}"] = kernel["id"]
-        owner[f"{pkg}/bundle/{kernel['source']['file']}"] = kernel["id"]
+    """Size per kernel (its source), the library (which holds every kernel's device code:
+    the manifest's ``cubin.bytes`` is each kernel's share), the manifest, and the package's own files."""
+    owner = {f"{pkg}/bundle/{kernel['source']['file']}": kernel["id"] for kernel in m.raw["kernels"]}
     owner[f"{pkg}/bundle/{m.library}"] = "library"
     owner[f"{pkg}/bundle/{MANIFEST_NAME}"] = "manifest"
     raw: dict[str, int] = {}

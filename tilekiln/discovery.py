@@ -70,8 +70,8 @@ def describe_installed(device: tuple[int, int] | None = None) -> str:
     except BundleError as exc:
         return str(exc)
     if not locs:
-        return (f"No bundles are installed: pip install a tilekiln-kernels wheel, or set {PATH_VARIABLE} "
-                "to a directory of built bundles (e.g. artifacts/).")
+        return ("No bundles are installed: pip install the bundle wheel for your GPU, e.g. tilekiln-kernels-sm90a, "
+                f"or set {PATH_VARIABLE} to a directory of built bundles (e.g. artifacts/).")
     from tilekiln.compat import arch_runs_on
     from tilekiln.manifest import read_manifest
 

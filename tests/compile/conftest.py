@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -46,3 +49,29 @@ def small_build(tmp_path_factory):
     result = run_build(project, base / "artifacts", base / "cache")
     assert result.ok, [r.error for b in result.bundles for r in b.failed]
     return result.bundles[0]
+
+
+@dataclass(frozen=True)
+class ProjectWheels:
+    runtime: Path  # tilekiln_runtime-<version>-py3-none-any.whl (runtime/pyproject.toml)
+    build: Path  # tilekiln_build-<version>-py3-none-any.whl (pyproject.toml)
+
+
+@pytest.fixture(scope="session")
+def project_wheels(tmp_path_factory) -> ProjectWheels:
+    """The runtime and build tool wheels as `make wheel` builds them, offline and from a copy
+    of the checkout (setuptools writes build/ and egg-info trees where it builds)."""
+    src = tmp_path_factory.mktemp("project-src")
+    for name in ("pyproject.toml", "README.md", "runtime/pyproject.toml"):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, src / name)
+    for name in ("tilekiln", "builder"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path_factory.mktemp("project-dist")
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                           "--disable-pip-version-check", "--wheel-dir", str(out), str(src / "runtime"), str(src)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    (runtime,) = out.glob("tilekiln_runtime-*.whl")
+    (build_tool,) = out.glob("tilekiln_build-*.whl")
+    return ProjectWheels(runtime, build_tool)

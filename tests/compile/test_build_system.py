@@ -239,10 +239,25 @@ def test_a_failing_kernel_keeps_the_others_and_the_previous_bundle(small, tmp_pa
     assert not partial.ok
     manifest = json.loads((out / "sm90a" / "manifest.json").read_text())
     assert [k["id"] for k in manifest["kernels"]] == [LARGE_ID]
-    assert not (out / "sm90a" / f"cubins/{SMALL_ID}.cubin").exists()
+    assert not (out / "sm90a" / f"sources/{SMALL_ID}.py.txt").exists()
     bundle_report = json.loads((out / "sm90a" / "build-report.json").read_text())
     assert {r["kernel"]: r["status"] for r in bundle_report["kernels"]} == {LARGE_ID: "cached", SMALL_ID: "failed"}
     assert not (out / "sm90a.build-report.json").exists(), "a stale failure report must go"
+
+
+def test_a_library_that_needs_a_newer_glibc_than_the_catalog_targets_fails_the_build(small, tmp_path, monkeypatch):
+    """The link made to bind to glibc 2.34's symbol versions, as Debian 12's gcc did: the build
+    stops at catalog.yaml's glibc line, naming symbols, and writes no bundle."""
+    monkeypatch.setattr("builder.link.zig_target", lambda glibc: "x86_64-linux-gnu.2.34")
+    out, cache = tmp_path / "out", copy_cache(small, tmp_path / "cache", keep=("kernel",))
+    res = CliRunner().invoke(cli, ["--root", str(small.project), "build", "--out", str(out), "--cache", str(cache),
+                                   "--progress", "none"])
+    assert res.exit_code == 1, res.output
+    lines = (small.project / "catalog" / "catalog.yaml").read_text().splitlines()
+    line = next(i for i, text in enumerate(lines, start=1) if text.startswith("glibc:"))
+    assert f"catalog/catalog.yaml:{line}:" in res.stderr and "GLIBC-TARGET" in res.stderr
+    assert "libtilekiln_sm90a.so needs glibc 2.34" in res.stderr and "@GLIBC_2.34" in res.stderr
+    assert not (out / "sm90a").exists()
 
 
 def test_the_ci_table_shows_whole_kernel_ids(small, tmp_path):
@@ -387,8 +402,8 @@ def test_check_reproducible_names_a_file_that_differs(small, tmp_path, monkeypat
     monkeypatch.setattr("builder.build.render_kernel", render)
     check = check_reproducible(request, first)
     named = {d.location.file for d in check.diagnostics}
-    assert not check.ok and f"sm90a/sources/{SMALL_ID}.py" in named
-    assert "sm90a/manifest.json" in named and f"sm90a/sources/{LARGE_ID}.py" not in named
+    assert not check.ok and f"sm90a/sources/{SMALL_ID}.py.txt" in named
+    assert "sm90a/manifest.json" in named and f"sm90a/sources/{LARGE_ID}.py.txt" not in named
 
 
 def test_shards_merge_into_the_single_machine_bundle(small, tmp_path):
@@ -428,7 +443,7 @@ def test_merge_refuses_shards_of_another_catalog(small, tmp_path):
 
 
 def test_ray_executor_builds_the_same_bundle(small, tmp_path, monkeypatch):
-    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'tilekiln[ray]')")
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'tilekiln-build[ray]')")
     from builder.parallel import RayExecutor
 
     # ray.init writes ~/.ray/auth_token; a test keeps out of the user's home.

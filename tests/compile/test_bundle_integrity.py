@@ -49,13 +49,12 @@ def test_an_intact_copy_loads_and_maps_its_library(bundle_copy):
     assert bundle._library().abi_version == bundle.manifest.abi_version == ABI_VERSION
 
 
-@pytest.mark.parametrize("case", ["library byte", "cubin byte", "source byte", "manifest byte",
-                                  "library truncated", "manifest deleted", "cubin deleted"])
+@pytest.mark.parametrize("case", ["library byte", "source byte", "manifest byte",
+                                  "library truncated", "manifest deleted", "source deleted"])
 def test_damage_is_refused_naming_the_file_and_nothing_is_loaded(bundle_copy, case):
     target = {"library byte": LIBRARY, "library truncated": LIBRARY, "manifest byte": "manifest.json",
-              "manifest deleted": "manifest.json", "source byte": first(bundle_copy, "sources/*.py"),
-              "cubin byte": first(bundle_copy, "cubins/*.cubin"),
-              "cubin deleted": first(bundle_copy, "cubins/*.cubin")}[case]
+              "manifest deleted": "manifest.json", "source byte": first(bundle_copy, "sources/*.py.txt"),
+              "source deleted": first(bundle_copy, "sources/*.py.txt")}[case]
     path = bundle_copy / target
     if case.endswith("byte"):
         flip_byte(path)

@@ -11,14 +11,12 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from packaging.specifiers import SpecifierSet
+from packaging.requirements import Requirement
 
 import tilekiln
 from builder.cli import main
@@ -27,7 +25,6 @@ from builder.wheel import WheelTooLarge, make_wheel, package_bundle
 
 pytestmark = pytest.mark.compile
 
-ROOT = Path(__file__).resolve().parents[2]
 PKG = "tilekiln_kernels_sm90a"
 NO_LIMIT = 10**12
 
@@ -36,11 +33,10 @@ def manifest_of(bundle: Path) -> dict:
     return json.loads((bundle / "manifest.json").read_text())
 
 
-def expected_platform_tag(library: bytes) -> str:
-    """From the version strings in the library's bytes, independently of builder/platform_tag.py."""
-    needed = max((int(a), int(b)) for a, b in re.findall(rb"GLIBC_(\d+)\.(\d+)", library))
-    tag = max(needed, (2, 5))  # pip's lowest manylinux tag on x86-64
-    return f"manylinux_{tag[0]}_{tag[1]}_x86_64"
+def expected_platform_tag(bundle: Path) -> str:
+    """The glibc the catalog targets; the library's own needs are checked in test_small_bundle.py."""
+    major, minor = manifest_of(bundle)["bundle"]["glibc"].split(".")
+    return f"manylinux_{major}_{minor}_x86_64"
 
 
 def bundle_bytes(bundle: Path) -> int:
@@ -55,34 +51,17 @@ def wheel(small_build, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runtime_wheel(tmp_path_factory) -> Path:
-    """The repo's `tilekiln` distribution, built offline from a copy (so the checkout gets no build/)."""
-    src = tmp_path_factory.mktemp("runtime-src")
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    for name in ("tilekiln", "builder"):
-        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-    out = tmp_path_factory.mktemp("runtime-dist")
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                           "--disable-pip-version-check", "--wheel-dir", str(out), str(src)],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    (path,) = out.glob("tilekiln-*.whl")
-    return path
-
-
-@pytest.fixture(scope="module")
-def installed(venv_factory, wheel, runtime_wheel):
+def installed(venv_factory, wheel, project_wheels):
     venv = venv_factory()
     # Only the bundle is named: pip must find the runtime through the bundle's Requires-Dist.
-    proc = venv.pip_install([wheel.parent, runtime_wheel.parent], ["tilekiln-kernels-sm90a"])
+    proc = venv.pip_install([wheel.parent, project_wheels.runtime.parent], ["tilekiln-kernels-sm90a"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return venv
 
 
 def test_wheel_name_metadata_and_entry_point(small_build, wheel):
     m = manifest_of(small_build.path)
-    tag = expected_platform_tag((small_build.path / m["library"]).read_bytes())
+    tag = expected_platform_tag(small_build.path)
     assert wheel.name == f"{PKG}-{m['bundle']['version']}-py3-none-{tag}.whl"
     with zipfile.ZipFile(wheel) as zf:
         dist_info = f"{PKG}-{m['bundle']['version']}.dist-info"
@@ -93,8 +72,8 @@ def test_wheel_name_metadata_and_entry_point(small_build, wheel):
     assert meta["Metadata-Version"] == "2.1"
     assert meta["Name"] == "tilekiln-kernels-sm90a" and meta["Version"] == m["bundle"]["version"]
     (requires,) = meta.get_all("Requires-Dist")
-    assert requires == "tilekiln" + runtime_requirement(tilekiln.__version__)
-    spec = SpecifierSet(requires.removeprefix("tilekiln"))
+    assert requires == "tilekiln-runtime" + runtime_requirement(tilekiln.__version__)
+    spec = Requirement(requires).specifier
     major, minor = (int(x) for x in tilekiln.__version__.split(".")[:2])
     assert tilekiln.__version__ in spec and f"{major}.{minor}.99" in spec
     assert f"{major}.{minor + 1}.0" not in spec
@@ -170,13 +149,15 @@ def test_package_command_reads_the_limit_from_the_catalog(small_build, project_c
 
 def test_installed_wheel_loads_through_its_entry_point_without_build_dependencies(installed, small_build, tmp_path):
     script = """
-import importlib.metadata as md, importlib.util, json, sys
+import importlib.metadata as md, importlib.util, json, os, sys
 import tilekiln
 locations = tilekiln.bundles()
 bundle = tilekiln.load("sm90a")
 build_stack = ("cutlass", "jinja2", "pydantic", "yaml", "click", "rich", "elftools")
 print(json.dumps({
-    "runtime": tilekiln.__file__, "runtime_version": md.version("tilekiln"),
+    "runtime": tilekiln.__file__, "runtime_version": md.version("tilekiln-runtime"),
+    "distributions": sorted(d.metadata["Name"] for d in md.distributions()),
+    "console_script": os.path.exists(os.path.join(sys.prefix, "bin", "tilekiln")),
     "locations": [[loc.name, str(loc.directory), loc.source] for loc in locations],
     "directory": str(bundle.directory), "kernels": [k.id for k in bundle.kernels],
     "library": bundle._library().kernel_ids(),
@@ -195,9 +176,10 @@ print(json.dumps({
     ids = [k["id"] for k in manifest_of(small_build.path)["kernels"]]
     assert out["kernels"] == ids and out["library"] == ids
     assert out["importable"] == [] and out["imported"] == []
+    assert out["distributions"] == ["tilekiln-kernels-sm90a", "tilekiln-runtime"] and not out["console_script"]
 
 
-def test_pip_refuses_a_bundle_whose_runtime_range_excludes_the_runtime(small_build, runtime_wheel, venv_factory,
+def test_pip_refuses_a_bundle_whose_runtime_range_excludes_the_runtime(small_build, project_wheels, venv_factory,
                                                                        rewrite_manifest, tmp_path):
     copy = tmp_path / "sm90a"
     shutil.copytree(small_build.path, copy)
@@ -205,22 +187,23 @@ def test_pip_refuses_a_bundle_whose_runtime_range_excludes_the_runtime(small_bui
     newer = runtime_requirement(f"{major}.{minor + 1}.0")
     rewrite_manifest(copy, lambda m: m["bundle"].update(runtime_requires=newer))
     path, _ = package_bundle(copy, tmp_path / "dist", NO_LIMIT)
-    proc = venv_factory().pip_install([path.parent, runtime_wheel.parent], ["tilekiln-kernels-sm90a"])
+    proc = venv_factory().pip_install([path.parent, project_wheels.runtime.parent], ["tilekiln-kernels-sm90a"])
     assert proc.returncode != 0
-    assert "tilekiln" in proc.stderr and newer.split(",")[0].lstrip(">=") in proc.stderr, proc.stderr
+    assert "tilekiln-runtime" in proc.stderr and newer.split(",")[0].lstrip(">=") in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("form", ["directory", "wheel"])
 def test_inspect_lists_kernels_integrity_and_provenance(small_build, wheel, form):
     target = small_build.path if form == "directory" else wheel
     m = manifest_of(small_build.path)
+    cubins = {r.kernel_id: r.cubin for r in small_build.records}
     result = CliRunner().invoke(main, ["inspect", "--format", "json", str(target)])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["integrity"] == {"ok": True, "problem": None}
     assert [k["id"] for k in report["kernels"]] == [k["id"] for k in m["kernels"]]
     for k in report["kernels"]:
-        assert k["cubin_bytes"] == (small_build.path / "cubins" / f"{k['id']}.cubin").stat().st_size
+        assert k["cubin_bytes"] == len(cubins[k["id"]])
         assert k["tile"] and k["cluster"] and k["registers"] > 0 and k["verification"] == "compile-verified"
     assert report["provenance"]["git_commit"] == m["provenance"]["git_commit"]
     assert report["size"]["total_bytes"] == bundle_bytes(small_build.path)
@@ -237,11 +220,11 @@ def test_inspect_lists_kernels_integrity_and_provenance(small_build, wheel, form
 def test_inspect_reports_a_damaged_bundle_and_fails(small_build, tmp_path):
     copy = tmp_path / "sm90a"
     shutil.copytree(small_build.path, copy)
-    cubin = sorted((copy / "cubins").glob("*.cubin"))[0]
-    cubin.write_bytes(cubin.read_bytes()[:-1])
+    source = sorted((copy / "sources").glob("*.py.txt"))[0]
+    source.write_bytes(source.read_bytes()[:-1])
     result = CliRunner().invoke(main, ["inspect", str(copy)])
     assert result.exit_code == 1
-    assert f"integrity: FAILED: bundle sm90a: cubins/{cubin.name}: sha256 mismatch" in result.output
+    assert f"integrity: FAILED: bundle sm90a: sources/{source.name}: sha256 mismatch" in result.output
     junk = tmp_path / "junk.whl"
     junk.write_bytes(b"not a zip")
     bad = CliRunner().invoke(main, ["inspect", str(junk)])
@@ -252,19 +235,17 @@ def test_diff_lists_added_removed_changed_and_the_size_delta(small_build, wheel,
     new = tmp_path / "sm90a"
     shutil.copytree(small_build.path, new)
     kept, dropped = sorted(manifest_of(new)["kernels"], key=lambda k: k["id"])
-    for key in ("cubin", "source"):
-        (new / dropped[key]["file"]).unlink()
-    cubin = new / kept["cubin"]["file"]
-    cubin.write_bytes(cubin.read_bytes() + b"\0" * 100)
-    digest = hashlib.sha256(cubin.read_bytes()).hexdigest()
+    (new / dropped["source"]["file"]).unlink()
+    # The kept kernel's code grew by 100 bytes, and the library that holds it with it.
+    library = new / manifest_of(new)["library"]
+    library.write_bytes(library.read_bytes() + b"\0" * 100)
 
     def edit(m):
         m["bundle"]["version"] = "9.9.9"
         m["kernels"] = [k for k in m["kernels"] if k["id"] != dropped["id"]]
-        for key in ("cubin", "source"):
-            del m["files"][dropped[key]["file"]]
-        m["files"][kept["cubin"]["file"]] = digest
-        m["kernels"][0]["cubin"].update(sha256=digest, bytes=kept["cubin"]["bytes"] + 100)
+        del m["files"][dropped["source"]["file"]]
+        m["files"][m["library"]] = hashlib.sha256(library.read_bytes()).hexdigest()
+        m["kernels"][0]["cubin"].update(sha256="0" * 64, bytes=kept["cubin"]["bytes"] + 100)
         m["tuning"] = {"device": "simulated", "table": {"bucket-x": kept["id"]}, "measurements": {}}
 
     rewrite_manifest(new, edit)
@@ -290,10 +271,21 @@ def test_diff_lists_added_removed_changed_and_the_size_delta(small_build, wheel,
     assert (same["added"], same["removed"], same["changed"], same["bundle"]) == ([], [], [], {})
 
 
+def test_package_refuses_a_library_that_needs_more_glibc_than_its_manifest_promises(small_build, rewrite_manifest,
+                                                                                    tmp_path):
+    copy = tmp_path / "sm90a"
+    shutil.copytree(small_build.path, copy)
+    rewrite_manifest(copy, lambda m: m["bundle"].update(glibc="2.16"))  # the library needs GLIBC_2.17
+    result = CliRunner().invoke(main, ["package", str(copy), "--out", str(tmp_path / "dist"), "--max-size", "1GB"])
+    assert result.exit_code == 1
+    assert f"{copy / 'manifest.json'}: error: GLIBC-TARGET" in result.output and "[bundle.glibc]" in result.output
+    assert "needs glibc 2.17" in result.output and not (tmp_path / "dist").exists()
+
+
 def test_package_refuses_a_damaged_bundle_naming_the_file(small_build, tmp_path):
     copy = tmp_path / "sm90a"
     shutil.copytree(small_build.path, copy)
-    source = sorted((copy / "sources").glob("*.py"))[0]
+    source = sorted((copy / "sources").glob("*.py.txt"))[0]
     source.write_text(source.read_text() + "# edited after the build\n")
     result = CliRunner().invoke(main, ["package", str(copy), "--out", str(tmp_path / "dist"), "--max-size", "1GB"])
     assert result.exit_code == 1

@@ -35,9 +35,9 @@ kernels:
 _LOAD_RE = re.compile(r"UTMALDG\.\w+(?P<multicast>\.MULTICAST)?\s.*desc\[(?P<policy>UR\w+)\]")
 
 
-def hinted_loads(cubin_path) -> dict[str, set[bool]]:
+def hinted_loads(cubin: bytes) -> dict[str, set[bool]]:
     """For the unicast and the multicast TMA loads of a cubin, whether they carry a cache policy."""
-    sass = disassemble(cubin_path.read_bytes())
+    sass = disassemble(cubin)
     found: dict[str, set[bool]] = {"unicast": set(), "multicast": set()}
     for m in _LOAD_RE.finditer(sass):
         found["multicast" if m.group("multicast") else "unicast"].add(m.group("policy") != "URZ")
@@ -53,7 +53,7 @@ def test_the_hint_lands_on_the_problems_operand(tmp_path):
     plain = "gemm_sm90_bf16_bf16_f32_bf16_tn_64x128x64_c2x1_pingpong"
     assert set(manifest) == {plain, f"{plain}_efb", "gemm_sm90_bf16_bf16_f32_bf16_tn_64x16x64_c2x1_swapab_efb"}
     assert manifest[plain]["evict_first"] == [] and manifest[f"{plain}_efb"]["evict_first"] == ["b"]
-    loads = {kid: hinted_loads(bundle / k["cubin"]["file"]) for kid, k in manifest.items()}
+    loads = {r.kernel_id: hinted_loads(r.cubin) for r in result.bundles[0].records}
     assert loads[plain] == {"unicast": {False}, "multicast": {False}}
     assert loads[f"{plain}_efb"] == {"unicast": {False}, "multicast": {True}}
     assert loads["gemm_sm90_bf16_bf16_f32_bf16_tn_64x16x64_c2x1_swapab_efb"] == {

@@ -48,8 +48,9 @@ def test_every_global_access_follows_the_grid_dependency_wait(tmp_path):
     bundle = result.bundles[0].path
     kernels = json.loads((bundle / "manifest.json").read_text())["kernels"]
     assert len(kernels) == 3
+    cubins = {r.kernel_id: r.cubin for r in result.bundles[0].records}
     for kernel in kernels:
-        code = instructions(disassemble((bundle / kernel["cubin"]["file"]).read_bytes()))
+        code = instructions(disassemble(cubins[kernel["id"]]))
         waits = [addr for addr, text in code if text.startswith("ACQBULK")]
         accesses = [(addr, text) for addr, text in code if _GLOBAL_RE.search(text)]
         exits = [addr for addr, text in code if re.search(r"\bEXIT\b", text) and "PREEXIT" not in text]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,10 +37,22 @@ def test_manifest_hashes_match_files(small_build):
     assert manifest["files"], "the manifest lists its files"
     for relative, digest in manifest["files"].items():
         assert hashlib.sha256((small_build.path / relative).read_bytes()).hexdigest() == digest, relative
+
+
+def test_each_byte_is_stored_once_and_every_cubin_is_inside_the_library(small_build):
+    manifest = json.loads((small_build.path / "manifest.json").read_text())
+    on_disk = {p.relative_to(small_build.path).as_posix() for p in small_build.path.rglob("*") if p.is_file()}
+    assert on_disk == set(manifest["files"]) | {"manifest.json", "build-report.json"}
+    assert set(manifest["files"]) == {manifest["library"]} | {k["source"]["file"] for k in manifest["kernels"]}
+    assert all(k["source"]["file"].endswith(".py.txt") for k in manifest["kernels"]), "sources are not modules"
+    assert len(set(manifest["files"].values())) == len(manifest["files"]), "two files hold the same bytes"
+    library = (small_build.path / manifest["library"]).read_bytes()
+    cubins = {r.kernel_id: r.cubin for r in small_build.records}
     for k in manifest["kernels"]:
-        cubin = (small_build.path / k["cubin"]["file"]).read_bytes()
-        assert hashlib.sha256(cubin).hexdigest() == k["cubin"]["sha256"]
-        assert cubin[:4] == b"\x7fELF"
+        cubin = cubins[k["id"]]
+        assert cubin[:4] == b"\x7fELF" and (hashlib.sha256(cubin).hexdigest(), len(cubin)) == (
+            k["cubin"]["sha256"], k["cubin"]["bytes"])
+        assert cubin in library, f"{k['id']}: its cubin is not in the library, so dropping cubins/ lost it"
 
 
 def test_library_needs_only_libc_and_the_loader(small_build):
@@ -56,6 +69,16 @@ def test_library_needs_only_libc_and_the_loader(small_build):
     assert needed <= ALLOWED_NEEDED, needed
     assert "libcuda.so.1" not in needed and not any("cudart" in n for n in needed)
     assert exported and all(name.startswith("tk_") for name in exported), sorted(exported)[:10]
+
+
+def test_library_needs_no_glibc_newer_than_the_catalog_targets(small_build):
+    """Read from the version strings in the library's bytes, independently of builder/platform_tag.py."""
+    manifest = json.loads((small_build.path / "manifest.json").read_text())
+    target = tuple(int(p) for p in manifest["bundle"]["glibc"].split("."))
+    assert target == (2, 28)
+    library = (small_build.path / manifest["library"]).read_bytes()
+    needed = {(int(a), int(b)) for a, b in re.findall(rb"GLIBC_(\d+)\.(\d+)", library)}
+    assert needed and max(needed) <= target, sorted(needed)
 
 
 def test_runtime_reads_the_bundle_without_build_dependencies(small_build):

@@ -1,11 +1,12 @@
 """The wheels built on the CPU machine install with plain pip into a fresh environment on the GPU
 machine and run a GEMM there, with nothing else from this project importable.
 
-Needs in ``dist/`` (or ``$TILEKILN_DIST``) the runtime wheel ``tilekiln-*.whl`` and the bundle
-wheel ``tilekiln_kernels_sm90a-*.whl``: ``make wheel`` writes both. The environment is made with
+Needs in ``dist/`` (or ``$TILEKILN_DIST``) the runtime wheel ``tilekiln_runtime-*.whl`` and the
+bundle wheel ``tilekiln_kernels_sm90a-*.whl``: ``make wheel`` writes both (and the build tool's,
+which nothing here installs). The bundle wheel is ``manylinux_2_28``. The environment is made with
 ``--system-site-packages`` for torch; the wheels come from ``dist/`` only (``pip --no-index``), and
 the checks run from a temporary directory with a clean environment, so this checkout is not on
-the path. This module imports nothing from ``builder`` (the GPU machine has no build extra).
+the path. This module imports nothing from ``builder`` (the GPU machine needs no tilekiln-build).
 """
 
 from __future__ import annotations
@@ -22,16 +23,17 @@ pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLE_PACKAGE = "tilekiln_kernels_sm90a"
+RUNTIME_PACKAGE = "tilekiln_runtime"  # the distribution tilekiln-runtime, which the bundle requires
 
 
 @pytest.fixture(scope="module")
 def dist() -> Path:
     path = Path(os.environ.get("TILEKILN_DIST", ROOT / "dist"))
-    runtime = sorted(path.glob("tilekiln-*.whl"))
+    runtime = sorted(path.glob(f"{RUNTIME_PACKAGE}-*.whl"))
     bundle = sorted(path.glob(f"{BUNDLE_PACKAGE}-*.whl"))
     if not runtime or not bundle:
-        pytest.fail(f"{path} needs tilekiln-*.whl and {BUNDLE_PACKAGE}-*.whl; build them on the CPU machine with "
-                    "`make wheel` and bring dist/ along (or set TILEKILN_DIST)")
+        pytest.fail(f"{path} needs {RUNTIME_PACKAGE}-*.whl and {BUNDLE_PACKAGE}-*.whl; build them on the CPU machine "
+                    "with `make wheel` and bring dist/ along (or set TILEKILN_DIST)")
     return path
 
 
@@ -44,7 +46,7 @@ def env(dist, venv_factory):
         # torch lives in an environment that is not the base interpreter's: make just it visible.
         site = venv.path / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
         (site / "torch-from-test-runner.pth").write_text(str(Path(torch.__file__).resolve().parents[1]) + "\n")
-    # Only the bundle is named: pip takes the runtime from dist/ through the bundle's Requires-Dist.
+    # Only the bundle is named: pip takes tilekiln-runtime from dist/ through the bundle's Requires-Dist.
     proc = venv.pip_install([dist], [BUNDLE_PACKAGE.replace("_", "-")], ignore_installed=True)
     assert proc.returncode == 0, (f"pip install failed (this machine has {os.confstr('CS_GNU_LIBC_VERSION')}; "
                                   f"a manylinux_2_Y wheel needs glibc 2.Y or newer):\n{proc.stdout}\n{proc.stderr}")
@@ -67,12 +69,14 @@ b = torch.randn(520, 1032, device="cuda", dtype=torch.bfloat16)
 
 def test_installed_bundle_runs_a_gemm_from_a_clean_environment(env, tmp_path):
     script = PRELUDE + """
+import importlib.metadata as md, os
 bundle = tilekiln.load("sm90a")
 out = bundle.gemm(a, b)
 default = tilekiln.gemm(a, b)   # the installed bundle the runtime picks for the device
 torch.cuda.synchronize()
 print(json.dumps({
     "runtime": tilekiln.__file__, "bundle_dir": str(bundle.directory),
+    "runtime_dist_file": os.path.realpath(md.distribution("tilekiln-runtime").locate_file("tilekiln/__init__.py")),
     "bundles": [[loc.name, loc.source] for loc in tilekiln.bundles()],
     "kernel": bundle.explain(a, b).kernel.id,
     "error": relative_error(out, a, b), "default_error": relative_error(default, a, b),
@@ -85,6 +89,7 @@ print(json.dumps({
     out = json.loads(proc.stdout)
     venv = str(env.path)
     assert out["runtime"].startswith(venv), f"tilekiln came from {out['runtime']}, not the fresh environment"
+    assert out["runtime_dist_file"] == os.path.realpath(out["runtime"]), "tilekiln is not tilekiln-runtime's"
     assert out["bundle_dir"].startswith(venv) and out["bundle_dir"].endswith(f"{BUNDLE_PACKAGE}/bundle")
     assert out["bundles"] == [["sm90a", "entry point of tilekiln-kernels-sm90a"]]
     assert out["shape"] == [1000, 1032] and not out["nan"]

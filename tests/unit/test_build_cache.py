@@ -67,20 +67,22 @@ def _records(*objects: bytes) -> list[KernelRecord]:
 def test_link_is_cached_by_its_inputs(tmp_path, monkeypatch):
     links = []
 
-    def fake_link(bundle, inputs, output):
+    def fake_link(bundle, inputs, output, glibc):
         links.append([k.kernel_id for k in inputs])
         output.write_bytes(b"lib:" + b"".join(k.object_bytes for k in inputs))
 
     monkeypatch.setattr(build_module, "link_library", fake_link)
     cache = ContentCache(tmp_path)
-    assert build_module.link_cached("sm90a", _records(b"a", b"b"), cache) == b"lib:ab"
-    assert build_module.link_cached("sm90a", _records(b"a", b"b"), cache) == b"lib:ab"
+    glibc = (2, 28)
+    assert build_module.link_cached("sm90a", _records(b"a", b"b"), cache, glibc) == b"lib:ab"
+    assert build_module.link_cached("sm90a", _records(b"a", b"b"), cache, glibc) == b"lib:ab"
     assert len(links) == 1, "the same inputs link once"
-    build_module.link_cached("sm90a", _records(b"a", b"c"), cache)
-    build_module.link_cached("sm90a", _records(b"a"), cache)
+    build_module.link_cached("sm90a", _records(b"a", b"c"), cache, glibc)
+    build_module.link_cached("sm90a", _records(b"a"), cache, glibc)
+    build_module.link_cached("sm90a", _records(b"a"), cache, (2, 17))
     monkeypatch.setattr(build_module, "link_recipe", lambda: {"cflags": ["-O3"]})
-    build_module.link_cached("sm90a", _records(b"a"), cache)
-    assert len(links) == 4
+    build_module.link_cached("sm90a", _records(b"a"), cache, glibc)
+    assert len(links) == 5
     assert not list((tmp_path / "tmp").iterdir())
 
 

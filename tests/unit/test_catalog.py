@@ -140,9 +140,10 @@ def test_an_unknown_pipeline_or_target_gets_the_closest_one(project_copy, body, 
 
 
 @pytest.mark.parametrize("settings, line", [
-    ("version: ０.1.0\n", 1),           # full-width digit zero
-    ("version: 0.١.0\n", 1),           # Arabic-Indic digit one
-    ("version: 0.1.0\nwheel_size_limit: １00MB\n", 2),
+    ("version: ０.1.0\nglibc: '2.28'\n", 1),           # full-width digit zero
+    ("version: 0.١.0\nglibc: '2.28'\n", 1),           # Arabic-Indic digit one
+    ("version: 0.1.0\nwheel_size_limit: １00MB\nglibc: '2.28'\n", 2),
+    ("version: 0.1.0\nglibc: '2.２8'\n", 2),
 ])
 def test_versions_and_sizes_take_ascii_digits_only(project_copy, settings, line):
     (project_copy / "catalog" / "catalog.yaml").write_text(settings)
