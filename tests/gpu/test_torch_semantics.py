@@ -95,11 +95,10 @@ def test_every_entry_point_under_torch_compile_matches_eager(bundle, torch, gpu_
         "scaled_gemm out=": lambda: bundle.scaled_gemm(x8, w8.t(), s, s, out=out),
     }
     for what, call in calls.items():
-        eager = call().clone()
+        eager = call()
         torch._dynamo.reset()
-        compiled = torch.compile(lambda: call() * 1, fullgraph=True)()
-        direct = torch.compile(call, fullgraph=True)()
-        assert direct.stride() == call().stride(), what
+        compiled = torch.compile(call, fullgraph=True)()  # inductor
+        assert (compiled.shape, compiled.stride()) == (eager.shape, eager.stride()), what
         assert rel_err(compiled, eager.double()) < 1e-6, what
 
 
