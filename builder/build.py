@@ -43,7 +43,7 @@ from builder.paths import display_path
 from builder.platform_tag import GlibcTarget, platform_tag
 from builder.progress import BuildProgress
 from builder.publish import REPORT_NAME, bundle_is_current, bundle_output, publish_failure_report, write_atomic
-from builder.records import KernelRecord, record_from_meta
+from builder.records import BuildRecord, record_from_meta
 from builder.render import render_kernel
 from builder.rules import KernelContext
 from builder.shard import write_shard
@@ -119,14 +119,14 @@ class BundleResult:
 
     bundle: str
     arch: str
-    records: tuple[KernelRecord, ...]
+    records: tuple[BuildRecord, ...]
     path: Path | None
     report_path: Path
     shard: tuple[int, int] | None = None
     unchanged: bool = False  # the bundle on disk already held exactly this build's output
 
     @property
-    def failed(self) -> tuple[KernelRecord, ...]:
+    def failed(self) -> tuple[BuildRecord, ...]:
         return tuple(r for r in self.records if not r.ok)
 
 
@@ -201,14 +201,14 @@ def object_key(job: CompileJob) -> str:
 
 
 def compile_kernels(planned: list[PlannedKernel], cache: ContentCache, request: BuildRequest,
-                    label: str) -> list[KernelRecord]:
+                    label: str) -> list[BuildRecord]:
     """Records of ``planned``, by (arch, id): cache hits, then the misses as the executor finishes them.
 
     All targets' misses go to the executor in one batch, so its workers stay
     busy across bundles. Each fresh object goes into the cache as soon as it
     is checked, so a build killed midway resumes from every kernel it finished.
     """
-    records: dict[tuple[str, str], KernelRecord] = {}
+    records: dict[tuple[str, str], BuildRecord] = {}
     misses: dict[tuple[str, str], PlannedKernel] = {}
     for p in planned:
         hit = cache.get("kernel", p.key)
@@ -227,11 +227,11 @@ def compile_kernels(planned: list[PlannedKernel], cache: ContentCache, request: 
 
 
 def _record_from_result(p: PlannedKernel, result: CompileOutput | CompileFailure,
-                        cache: ContentCache) -> KernelRecord:
+                        cache: ContentCache) -> BuildRecord:
     ctx, job = p.ctx, p.job
 
-    def failed(message: str) -> KernelRecord:
-        return KernelRecord(job.kernel_id, job.arch, "failed", result.seconds, error=message, ctx=ctx,
+    def failed(message: str) -> BuildRecord:
+        return BuildRecord(job.kernel_id, job.arch, "failed", result.seconds, error=message, ctx=ctx,
                             source=job.source, key=p.key)
 
     if isinstance(result, CompileFailure):
@@ -254,7 +254,7 @@ def _record_from_result(p: PlannedKernel, result: CompileOutput | CompileFailure
             f"SMEM-MODEL: the kernel uses {result.traced_smem_bytes} B dynamic + {info.static_smem_bytes} B "
             f"static shared memory but the validator's model says {expected} + {ctx.plan.smem.static_bytes}; "
             "fix builder/derive.py or the template so they agree")
-    record = KernelRecord(job.kernel_id, job.arch, "compiled", result.seconds, ctx=ctx, source=job.source,
+    record = BuildRecord(job.kernel_id, job.arch, "compiled", result.seconds, ctx=ctx, source=job.source,
                           object_bytes=result.object_bytes, cubin=cubin, info=info, entry=result.entry, key=p.key,
                           traced_smem_bytes=result.traced_smem_bytes)
     cache.put("kernel", p.key, {"kernel.o": result.object_bytes, "kernel.cubin": cubin},
@@ -262,7 +262,7 @@ def _record_from_result(p: PlannedKernel, result: CompileOutput | CompileFailure
     return record
 
 
-def _report_bytes(arch: str, records: list[KernelRecord], shard: tuple[int, int] | None = None) -> bytes:
+def _report_bytes(arch: str, records: list[BuildRecord], shard: tuple[int, int] | None = None) -> bytes:
     passed = sum(r.ok for r in records)
     report = {"bundle": bundle_name(arch), "arch": arch, "kernels": [r.report() for r in records],
               "passed": passed, "failed": len(records) - passed}
@@ -271,7 +271,7 @@ def _report_bytes(arch: str, records: list[KernelRecord], shard: tuple[int, int]
     return (json.dumps(report, indent=2) + "\n").encode()
 
 
-def write_bundle_for(arch: str, records: list[KernelRecord], validation: Validation, cache: ContentCache,
+def write_bundle_for(arch: str, records: list[BuildRecord], validation: Validation, cache: ContentCache,
                      request: BuildRequest) -> BundleResult:
     """Link what passed and put the bundle in place, unless a failure keeps the previous one."""
     bundle = bundle_name(arch)
@@ -289,7 +289,7 @@ def write_bundle_for(arch: str, records: list[KernelRecord], validation: Validat
     # the cubin's sha256 and size, so the bundle stores every byte of device code once.
     files = [BundleFile(f"lib/{library_name(bundle)}", library)]
     files += [BundleFile(source_file(r.kernel_id), r.source.encode()) for r in passed]
-    manifest = make_manifest(arch, passed, validation, request.root)
+    manifest = make_manifest(arch, passed, validation, request.root).plain()
     with bundle_output(request.out_dir, bundle) as path:
         unchanged = bundle_is_current(path, files, manifest)
         if unchanged:
@@ -299,7 +299,7 @@ def write_bundle_for(arch: str, records: list[KernelRecord], validation: Validat
     return BundleResult(bundle, arch, tuple(records), path, path / REPORT_NAME, unchanged=unchanged)
 
 
-def write_shard_for(arch: str, records: list[KernelRecord], request: BuildRequest) -> BundleResult:
+def write_shard_for(arch: str, records: list[BuildRecord], request: BuildRequest) -> BundleResult:
     index, count = request.selection.shard
     path = write_shard(request.out_dir, arch, index, count, request.selection.describe(), records,
                        _report_bytes(arch, records, request.selection.shard))
@@ -313,9 +313,9 @@ def glibc_target(root: Path, validation: Validation) -> GlibcTarget:
     return GlibcTarget(validation.catalog.settings.glibc_version, location)
 
 
-def link_cached(bundle: str, records: list[KernelRecord], cache: ContentCache, glibc: tuple[int, int]) -> bytes:
+def link_cached(bundle: str, records: list[BuildRecord], cache: ContentCache, glibc: tuple[int, int]) -> bytes:
     """The bundle's library, keyed by every link input: glue, objects, shim, flags, glibc target and toolchain."""
-    inputs = [LinkInput(r.kernel_id, r.object_bytes, r.entry) for r in records]
+    inputs = [LinkInput(r.kernel_id, r.ctx.entry.config.family, r.object_bytes, r.entry) for r in records]
     key = canonical_key({"kind": "library", "glue": render_glue(bundle, inputs), "recipe": link_recipe(),
                          "objects": [hashlib.sha256(r.object_bytes).hexdigest() for r in records],
                          "glibc": list(glibc), "toolchain": toolchain().fingerprint, "bundle": bundle})

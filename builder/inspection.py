@@ -30,22 +30,21 @@ DIFF_IGNORED = ("index", "symbols", "catalog")
 
 def inspect_json(a: Artifact) -> dict:
     m = a.manifest
-    raw = m.raw
+    plain = m.plain()
     return {
         "path": str(a.path),
         "kind": a.kind,
-        "schema_version": raw.get("schema_version"),
-        "bundle": raw["bundle"],
+        "schema_version": m.schema_version,
+        "bundle": plain["bundle"],
         "integrity": {"ok": not a.problem, "problem": a.problem or None},
         "kernels": [{
-            "id": k["id"], "dtypes": k["dtypes"], "layout": k["layout"]["code"], "tile": k["tile"],
-            "cluster": k["cluster"], "stages": k["stages"], "registers": k["resources"]["registers"],
-            "smem_bytes": k["resources"]["smem_bytes"], "spills": k["resources"]["spills"],
-            "cubin_bytes": k["cubin"]["bytes"], "verification": info.verification_label,
-            "verified_on": k.get("verified_on", []), "catalog": k["catalog"], "template": k["template"],
-        } for k, info in zip(raw["kernels"], m.kernels)],
-        "provenance": {**raw.get("provenance", {}), "toolchain": raw.get("toolchain", {})},
-        "tuning": raw.get("tuning"),
+            "id": k.id, "config": k.config.plain(), "stages": k.stages, "registers": k.resources.registers,
+            "smem_bytes": k.resources.smem_bytes, "spills": k.resources.spills, "cubin_bytes": k.cubin.bytes,
+            "verification": k.verification_label, "verified_on": plain_k["verified_on"],
+            "catalog": plain_k["catalog"], "template": plain_k["template"],
+        } for k, plain_k in zip(m.kernels, plain["kernels"])],
+        "provenance": {**plain["provenance"], "toolchain": plain["toolchain"]},
+        "tuning": plain.get("tuning"),
         "size": {"files": dict(a.sizes), "total_bytes": a.total_bytes,
                  "archive_bytes": a.wheel.archive_bytes if a.wheel else None},
         "wheel": None if a.wheel is None else {
@@ -55,12 +54,13 @@ def inspect_json(a: Artifact) -> dict:
 
 
 def print_inspect(a: Artifact, console: Console) -> None:
-    m, raw = a.manifest, a.manifest.raw
-    b = raw["bundle"]
+    m, b = a.manifest, a.manifest.bundle
     console.print(f"{m.name} {m.version}: {m.arch} ({_kind(m.arch_kind)}, compute capability "
                   f"{m.compute_capability[0]}.{m.compute_capability[1]}), {len(m.kernels)} kernels; {a.kind} {a.path}")
-    console.print(f"manifest schema {raw.get('schema_version')}, library ABI {m.abi_version}, "
-                  f"runtime {RUNTIME_DISTRIBUTION}{b.get('runtime_requires', ' (not recorded)')}")
+    console.print(f"manifest schema {m.schema_version}, library ABI {b.abi_version}, "
+                  f"runtime tilekiln-runtime{b.runtime_requires}, driver for CUDA "
+                  f"{b.driver_requires.cuda_version // 1000}.{b.driver_requires.cuda_version % 1000 // 10} "
+                  f"(Linux {b.driver_requires.linux_driver}) or newer, glibc {b.glibc}")
     if a.wheel:
         console.print(f"wheel {a.wheel.distribution} {a.wheel.version}, tag {a.wheel.tag}, "
                       f"requires {', '.join(a.wheel.requires) or 'nothing'}")
@@ -70,29 +70,27 @@ def print_inspect(a: Artifact, console: Console) -> None:
     for col in ("kernel", "dtypes a,b,acc,c", "layout", "tile", "cluster", "regs", "smem B", "cubin B",
                 "verification"):
         table.add_column(col, justify="right" if col in ("regs", "smem B", "cubin B") else "left")
-    for k, info in zip(raw["kernels"], m.kernels):
-        d = k["dtypes"]
-        table.add_row(k["id"], f"{d['a']},{d['b']},{d['acc']},{d['c']}", k["layout"]["code"],
-                      "x".join(map(str, k["tile"])), "x".join(map(str, k["cluster"])),
-                      str(k["resources"]["registers"]), str(k["resources"]["smem_bytes"]), str(k["cubin"]["bytes"]),
-                      info.verification_label)
+    for k in m.kernels:
+        c = k.config
+        table.add_row(k.id, ",".join(c.dtypes.tokens), c.layout.code, f"{c.tile.m}x{c.tile.n}x{c.tile.k}",
+                      f"{c.cluster.m}x{c.cluster.n}", str(k.resources.registers), str(k.resources.smem_bytes),
+                      str(k.cubin.bytes), k.verification_label)
     _print_table(console, table)
-    prov = raw.get("provenance", {})
+    prov = m.provenance
     console.print("provenance")
-    console.print(f"  git commit     {prov.get('git_commit', 'unknown')}")
-    console.print(f"  build host     {prov.get('build_host', 'unknown')}")
-    console.print(f"  catalog files  {', '.join(prov.get('catalog_files', [])) or 'unknown'}")
-    for (file, template, digest), items in _sources(raw["kernels"]).items():
+    console.print(f"  git commit     {prov.git_commit}")
+    console.print(f"  build host     {prov.build_host}")
+    console.print(f"  catalog files  {', '.join(prov.catalog_files) or 'unknown'}")
+    for (file, template, digest), items in _sources(m.kernels).items():
         console.print(f"  kernels        {len(items)} from {file} items {_ranges(items)}, "
                       f"template {template} sha256 {digest[:12]}")
-    tools = raw.get("toolchain", {})
-    console.print("  toolchain      " + ", ".join(f"{k} {v}" for k, v in sorted(tools.items())))
-    tuning = raw.get("tuning", {})
-    console.print(f"  tuning         {len(tuning['table'])} shape buckets measured on {tuning.get('device', 'unknown')}"
-                  if tuning.get("table") else "  tuning         none (kernels chosen by the selector's model)")
+    console.print("  toolchain      " + ", ".join(f"{k} {v}" for k, v in m.toolchain))
+    tuning = m.tuning
+    console.print(f"  tuning         {len(tuning.table)} shape buckets measured on {tuning.device}"
+                  if tuning and tuning.table else "  tuning         none (kernels chosen by the selector's model)")
     console.print(f"size: {_bytes(a.total_bytes)} in {len(a.sizes)} files (library "
-                  f"{_bytes(a.size_of(m.library) or 0)}, of it cubins "
-                  f"{_bytes(sum(k.cubin_bytes for k in m.kernels))})"
+                  f"{_bytes(a.size_of(m.library) or 0)}, which holds the "
+                  f"{_bytes(sum(k.cubin.bytes for k in m.kernels))} of cubins)"
                   + (f"; wheel {_bytes(a.wheel.archive_bytes)}" if a.wheel else ""))
 
 
@@ -101,11 +99,10 @@ def _kind(kind: str) -> str:
             "f": "family: this major version, this minor or newer"}.get(kind, f"unknown kind {kind!r}")
 
 
-def _sources(kernels: list[dict]) -> dict[tuple[str, str, str], list[int]]:
+def _sources(kernels) -> dict[tuple[str, str, str], list[int]]:
     groups: dict[tuple[str, str, str], list[int]] = {}
     for k in kernels:
-        key = (k["catalog"]["file"], k["template"]["name"], k["template"]["sha256"])
-        groups.setdefault(key, []).append(int(k["catalog"]["item"]))
+        groups.setdefault((k.catalog.file, k.template.name, k.template.sha256), []).append(k.catalog.item)
     return groups
 
 
@@ -157,8 +154,8 @@ class BundleDiff:
 
 
 def diff_artifacts(old: Artifact, new: Artifact) -> BundleDiff:
-    before = {k["id"]: k for k in old.manifest.raw["kernels"]}
-    after = {k["id"]: k for k in new.manifest.raw["kernels"]}
+    before = {k["id"]: k for k in old.manifest.plain()["kernels"]}
+    after = {k["id"]: k for k in new.manifest.plain()["kernels"]}
     changed = []
     for kid in sorted(before.keys() & after.keys()):
         changes = _changes(_flatten(before[kid], ignore=DIFF_IGNORED), _flatten(after[kid], ignore=DIFF_IGNORED))
@@ -171,8 +168,7 @@ def diff_artifacts(old: Artifact, new: Artifact) -> BundleDiff:
 
 def diff_json(d: BundleDiff) -> dict:
     def kernel(a: Artifact, kid: str) -> dict:
-        k = next(k for k in a.manifest.raw["kernels"] if k["id"] == kid)
-        return {"id": kid, "cubin_bytes": k["cubin"]["bytes"]}
+        return {"id": kid, "cubin_bytes": _cubin_bytes(a, kid)}
 
     return {
         "old": str(d.old.path), "new": str(d.new.path),
@@ -218,15 +214,15 @@ def print_diff(d: BundleDiff, console: Console) -> None:
 
 
 def _cubin_bytes(a: Artifact, kid: str) -> int:
-    return next(k.cubin_bytes for k in a.manifest.kernels if k.id == kid)
+    return a.manifest.kernel(kid).cubin.bytes
 
 
 def _bundle_fields(a: Artifact) -> dict[str, object]:
-    raw = a.manifest.raw
-    return {**_flatten(raw["bundle"], "bundle."), **_flatten(raw.get("toolchain", {}), "toolchain."),
-            **_flatten(raw.get("provenance", {}), "provenance."),
-            **_flatten(raw.get("tuning", {}).get("table", {}), "tuning.table."),
-            "schema_version": raw.get("schema_version")}
+    plain = a.manifest.plain()
+    return {**_flatten(plain["bundle"], "bundle."), **_flatten(plain["toolchain"], "toolchain."),
+            **_flatten(plain["provenance"], "provenance."),
+            **_flatten(plain.get("tuning", {}).get("table", {}), "tuning.table."),
+            "schema_version": plain["schema_version"]}
 
 
 def _flatten(data: dict, prefix: str = "", ignore: tuple[str, ...] = ()) -> dict[str, object]:

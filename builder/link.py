@@ -30,6 +30,7 @@ import jinja2
 from builder.objfile import EntryPoints
 from builder.toolchain import toolchain
 from tilekiln.manifest import ABI_VERSION
+from tilekiln.spec import FAMILIES
 
 LINK_DIR = Path(__file__).resolve().parent.parent / "templates" / "link"
 # -g0: zig's clang emits DWARF by default, which names the directory it ran in.
@@ -54,6 +55,7 @@ EXPORTS_MAP = "{ global: tk_*; local: *; };\n"
 @dataclass(frozen=True)
 class LinkInput:
     kernel_id: str
+    family: str
     object_bytes: bytes
     entry: EntryPoints
 
@@ -63,11 +65,13 @@ class LinkError(RuntimeError):
 
 
 def render_glue(bundle: str, kernels: list[LinkInput]) -> str:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(LINK_DIR)),
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    rows = [{"id": k.kernel_id, "init": k.entry.init, "load": k.entry.load_to_device,
-             "launch": k.entry.launch} for k in kernels]
-    return env.get_template("glue.c.j2").render(bundle=bundle, abi_version=ABI_VERSION, kernels=rows)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(LINK_DIR)), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    families = sorted({k.family for k in kernels})
+    rows = [{"id": k.kernel_id, "family": families.index(k.family), "init": k.entry.init,
+             "load": k.entry.load_to_device, "launch": k.entry.launch} for k in kernels]
+    return env.get_template("glue.c.j2").render(bundle=bundle, abi_version=ABI_VERSION, kernels=rows,
+                                                families=[FAMILIES[f] for f in families])
 
 
 def link_recipe() -> dict[str, object]:

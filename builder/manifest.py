@@ -1,10 +1,9 @@
 """The contents of a bundle's ``manifest.json`` (format: docs/bundle-format.md).
 
-:func:`make_manifest` turns the kernels that passed a build into the manifest
-dictionary; ``builder/bundle.py`` adds the file hashes and the self digest
-when it writes the bundle. The runtime reads it with ``tilekiln/manifest.py``,
-so a field added here is added to the spec and, if the runtime needs it, to
-that reader in the same change.
+:func:`make_manifest` turns the kernels that passed a build into the typed
+:class:`tilekiln.manifest.Manifest` the runtime reads back (its kernel records
+are tilekiln/spec.py's); ``builder/bundle.py`` adds the file hashes and the
+self digest when it writes the bundle.
 """
 
 from __future__ import annotations
@@ -21,19 +20,19 @@ from builder.bundle import bundle_name, library_name, source_file
 from builder.toolchain import driver_floor, toolchain
 from builder.tuning import read_tuning
 from builder.verification import VerificationFile, read_verification
-from tilekiln.manifest import ABI_VERSION
+from tilekiln.manifest import ABI_VERSION, BundleInfo, Manifest, Provenance, TuningTable
+from tilekiln.spec import Blob, CatalogRef, KernelRecord, Resources, Symbols, TemplateRef
 from tilekiln.splitk import parse_label
 
 if TYPE_CHECKING:
-    from builder.build import KernelRecord
+    from builder.build import BuildRecord
     from builder.validate import Validation
 
 # Major: a change a reader of the previous major cannot ignore (a field removed,
 # renamed or given a new meaning). Minor: fields added that old readers skip.
-# 1.3: cubins live only inside the library (no cubins/ files, no cubin.file; no
-# reader ever opened one), sources are sources/<id>.py.txt, bundle.glibc,
-# bundle.driver_requires and each kernel's verified_on.
-MANIFEST_SCHEMA_VERSION = "1.3"
+# 2.0: each kernel record is tilekiln/spec.py's KernelRecord (its config under
+# `config`, every field of the spec), written and read through one definition.
+MANIFEST_SCHEMA_VERSION = "2.0"
 
 
 def runtime_requirement(runtime_version: str) -> str:
@@ -49,30 +48,30 @@ def runtime_requirement(runtime_version: str) -> str:
     return f">={major}.{minor},<{upper}"
 
 
-def make_manifest(arch: str, records: list[KernelRecord], validation: Validation, root: Path) -> dict:
-    """The manifest of one bundle (without ``files`` and ``integrity``, which the writer adds)."""
+def make_manifest(arch: str, records: list[BuildRecord], validation: Validation, root: Path) -> Manifest:
+    """The manifest of one bundle (``files`` empty: the writer adds them, then the self digest)."""
     target = records[0].ctx.facts.target(arch)
-    tools, floor = toolchain(), driver_floor()
+    tools = toolchain()
     verification = read_verification(root, bundle_name(arch))
-    return {
-        "schema_version": MANIFEST_SCHEMA_VERSION,
-        "bundle": {"name": bundle_name(arch), "version": validation.catalog.settings.version,
-                   "arch": arch, "arch_kind": target.kind,
-                   "compute_capability": list(target.compute_capability), "abi_version": ABI_VERSION,
-                   "runtime_requires": runtime_requirement(tilekiln.__version__),
-                   "driver_requires": {"cuda_version": floor.cuda_version, "linux_driver": floor.linux_driver},
-                   "glibc": validation.catalog.settings.glibc},
-        "library": f"lib/{library_name(bundle_name(arch))}",
-        "toolchain": {"builder": __version__, **dict(tools.versions), "cc": tools.cc_version},
-        "provenance": {"git_commit": git_commit(root),
-                       "build_host": f"{platform.machine()}-{platform.system().lower()}",
-                       "catalog_files": list(validation.catalog.files)},
-        "kernels": [_kernel(index, r, verification) for index, r in enumerate(records)],
-        **_tuning(root, bundle_name(arch), {r.kernel_id for r in records}),
-    }
+    settings = validation.catalog.settings
+    return Manifest(
+        schema_version=MANIFEST_SCHEMA_VERSION,
+        bundle=BundleInfo(
+            name=bundle_name(arch), version=settings.version, arch=arch, arch_kind=target.kind,
+            compute_capability=target.compute_capability, abi_version=ABI_VERSION,
+            runtime_requires=runtime_requirement(tilekiln.__version__), driver_requires=driver_floor(),
+            glibc=settings.glibc),
+        library=f"lib/{library_name(bundle_name(arch))}",
+        files=(),
+        kernels=tuple(_kernel(index, r, verification) for index, r in enumerate(records)),
+        toolchain=tuple(sorted({"builder": __version__, **dict(tools.versions), "cc": tools.cc_version}.items())),
+        provenance=Provenance(git_commit(root), f"{platform.machine()}-{platform.system().lower()}",
+                              tuple(validation.catalog.files)),
+        tuning=_tuning(root, bundle_name(arch), {r.kernel_id for r in records}),
+    )
 
 
-def _tuning(root: Path, bundle: str, kernel_ids: set[str]) -> dict:
+def _tuning(root: Path, bundle: str, kernel_ids: set[str]) -> TuningTable | None:
     """The committed tuning table of the bundle (builder/tuning.py), if any.
 
     Buckets whose kernel is not in this bundle (removed from the catalog, or
@@ -80,54 +79,30 @@ def _tuning(root: Path, bundle: str, kernel_ids: set[str]) -> dict:
     """
     data = read_tuning(root, bundle)
     if data is None:
-        return {}
+        return None
     table = {bucket: choice for bucket, choice in data.get("table", {}).items()
              if parse_label(choice)[0] in kernel_ids}
     measurements = {bucket: m for bucket, m in data.get("measurements", {}).items() if bucket in table}
-    return {"tuning": {"device": data.get("device", "unknown"), "table": dict(sorted(table.items())),
-                       "measurements": dict(sorted(measurements.items()))}}
+    return TuningTable(data.get("device", "unknown"), tuple(sorted(table.items())), tuple(sorted(measurements.items())))
 
 
-def _kernel(index: int, r: KernelRecord, verification: VerificationFile | None) -> dict:
+def _kernel(index: int, r: BuildRecord, verification: VerificationFile | None) -> KernelRecord:
     ctx = r.ctx
-    cfg, plan = ctx.entry.config, ctx.plan
+    plan, template = ctx.plan, ctx.template
     cubin_sha256 = hashlib.sha256(r.cubin).hexdigest()
-    verified_on = verification.verified_on(r.kernel_id, cubin_sha256) if verification else []
-    return {
-        "index": index,
-        "id": r.kernel_id,
-        "pipeline": cfg.pipeline,
-        "dtypes": {"a": cfg.dtypes.a.value, "b": cfg.dtypes.b.value, "acc": cfg.dtypes.acc.value,
-                   "c": cfg.dtypes.c.value},
-        "layout": {"code": cfg.layout.code, "a": "k" if cfg.layout.a_k_major else "m",
-                   "b": "k" if cfg.layout.b_k_major else "n", "c": "n"},
-        "tile": [cfg.tile.m, cfg.tile.n, cfg.tile.k],
-        "cluster": [cfg.cluster.m, cfg.cluster.n],
-        "cta_group": cfg.cta_group,
-        "block_scale": None if cfg.block_scale is None else {"scale": cfg.block_scale.scale.value,
-                                                             "block": cfg.block_scale.block},
-        "schedule": cfg.schedule.value,
-        "swap_ab": cfg.swap_ab,
-        "raster": cfg.raster.value,
-        "swizzle": cfg.swizzle,
-        "evict_first": sorted(o.value for o in cfg.evict_first),
-        "stages": plan.stages,
-        "threads": plan.threads,
-        "contract": plan.contract.plain(),
-        "resources": {"registers": r.info.registers, "smem_bytes": plan.smem.total,
-                      "static_smem_bytes": r.info.static_smem_bytes, "stack_bytes": r.info.stack_bytes,
-                      "local_bytes": r.info.local_bytes, "spills": r.info.spills,
-                      "sass": dict(r.info.census)},
-        "source": {"file": source_file(r.kernel_id), "sha256": hashlib.sha256(r.source.encode()).hexdigest()},
-        "cubin": {"sha256": cubin_sha256, "bytes": len(r.cubin)},
-        "symbols": {"prefix": r.entry.prefix, "init": r.entry.init, "load": r.entry.load_to_device,
-                    "launch": r.entry.launch},
-        "catalog": {"file": ctx.entry.file, "item": ctx.entry.item},
-        "template": {"name": ctx.template.name, "sha256": ctx.template.source_sha256},
+    return KernelRecord(
+        index=index, id=r.kernel_id, config=ctx.entry.config, stages=plan.stages, threads=plan.threads,
+        contract=plan.contract,
+        resources=Resources(registers=r.info.registers, smem_bytes=plan.smem.total,
+                            static_smem_bytes=r.info.static_smem_bytes, stack_bytes=r.info.stack_bytes,
+                            local_bytes=r.info.local_bytes, spills=r.info.spills, sass=dict(r.info.census)),
+        cubin=Blob(cubin_sha256, len(r.cubin)),
+        source=Blob(hashlib.sha256(r.source.encode()).hexdigest(), len(r.source.encode()), source_file(r.kernel_id)),
+        symbols=Symbols(r.entry.prefix, r.entry.init, r.entry.load_to_device, r.entry.launch),
+        catalog=CatalogRef(ctx.entry.file, ctx.entry.item), template=TemplateRef(template.name, template.source_sha256),
         # builder/verification.py: a GPU run of exactly this cubin, per card model
-        "verification": "hardware-verified" if verified_on else "compile-verified",
-        "verified_on": verified_on,
-    }
+        verified_on=verification.verified_on(r.kernel_id, cubin_sha256) if verification else (),
+    )
 
 
 def git_commit(root: Path) -> str:

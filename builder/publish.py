@@ -107,8 +107,10 @@ def bundle_is_current(final: Path, files: list[BundleFile], manifest: dict) -> b
     except (OSError, ValueError):
         return False
     wanted_files = {f.relative: f.sha256 for f in files}
-    rest = {k: v for k, v in existing.items() if k not in ("files", "integrity")}
-    if existing.get("files") != wanted_files or rest != json.loads(json.dumps(manifest)):
+    def without_files(data: dict) -> dict:
+        return {k: v for k, v in data.items() if k not in ("files", "integrity")}
+
+    if existing.get("files") != wanted_files or without_files(existing) != without_files(json.loads(json.dumps(manifest))):
         return False
     if raw != manifest_bytes(existing):
         return False

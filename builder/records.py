@@ -1,7 +1,7 @@
 """What the build knows about one kernel of one target: compiled, cached or failed.
 
-A :class:`KernelRecord` is made from a fresh compile result, from a cache
-entry, or from a shard; :meth:`KernelRecord.artifact_meta` is the part of it
+A :class:`BuildRecord` is made from a fresh compile result, from a cache
+entry, or from a shard; :meth:`BuildRecord.artifact_meta` is the part of it
 that describes the object itself (entry points, traced shared memory, cubin
 resources). It is stored beside the object in the cache and in shard
 outputs, so a cached or merged kernel never has its cubin inspected again.
@@ -21,7 +21,7 @@ ERROR_LINES = 12  # of a failure message, in the report and the printed summary
 
 
 @dataclass(frozen=True)
-class KernelRecord:
+class BuildRecord:
     kernel_id: str
     arch: str
     status: str  # compiled | cached | failed
@@ -65,11 +65,11 @@ class KernelRecord:
 
 
 def record_from_meta(kernel_id: str, arch: str, status: str, seconds: float, meta: Mapping,
-                     *, ctx: KernelContext, source: str, key: str, object_bytes: bytes, cubin: bytes) -> KernelRecord:
-    """The inverse of :meth:`KernelRecord.artifact_meta`."""
+                     *, ctx: KernelContext, source: str, key: str, object_bytes: bytes, cubin: bytes) -> BuildRecord:
+    """The inverse of :meth:`BuildRecord.artifact_meta`."""
     c = meta["cubin"]
     info = CubinInfo(c["arch"], c["registers"], c["stack_bytes"], c["static_smem_bytes"], c["local_bytes"],
                      tuple((op, n) for op, n in c["census"]))
-    return KernelRecord(kernel_id, arch, status, seconds, ctx=ctx, source=source, object_bytes=object_bytes,
+    return BuildRecord(kernel_id, arch, status, seconds, ctx=ctx, source=source, object_bytes=object_bytes,
                         cubin=cubin, info=info, entry=EntryPoints(**meta["entry"]), key=key,
                         traced_smem_bytes=meta["traced_smem_bytes"])

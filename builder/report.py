@@ -11,7 +11,7 @@ from rich.table import Table
 
 from builder.build import BuildResult, BundleResult, Selection, plan, validated
 from builder.cache import ContentCache
-from builder.records import KernelRecord
+from builder.records import BuildRecord
 
 COLUMNS = ("kernel", "status", "compile s", "regs", "spills", "smem B", "cubin B", "MMA")
 
@@ -26,7 +26,7 @@ def result_table(b: BundleResult) -> Table:
     return table
 
 
-def _row(r: KernelRecord) -> tuple[str, ...]:
+def _row(r: BuildRecord) -> tuple[str, ...]:
     info = r.info
     if info is None:
         return (r.kernel_id, r.status, f"{r.seconds:.1f}", "", "", "", "", "")

@@ -25,7 +25,7 @@ from typing import Mapping
 from builder.bundle import bundle_name
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.publish import REPORT_NAME, publish_tree
-from builder.records import KernelRecord
+from builder.records import BuildRecord
 
 SHARD_SCHEMA = 1
 SHARD_FILE = "shard.json"
@@ -75,7 +75,7 @@ class Shard:
 
 
 def write_shard(out_dir: Path, arch: str, index: int, count: int, selection: Mapping[str, tuple[str, ...]],
-                records: list[KernelRecord], report: bytes) -> Path:
+                records: list[BuildRecord], report: bytes) -> Path:
     files: dict[str, bytes] = {}
     kernels = []
     for r in records:

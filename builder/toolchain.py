@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from tilekiln.manifest import DriverFloor
+
 # Distributions whose versions decide what the compiler emits; the DSL's CUDA
 # flavour is in the *name* of its libs wheel, so all of them are listed.
 FINGERPRINT_DISTRIBUTIONS = (
@@ -119,14 +121,6 @@ def cuda_binutils() -> Path:
         if not (bin_dir / name).exists():
             raise ToolchainError(f"{name} not found under {bin_dir}; install the {wheel} wheel")
     return bin_dir
-
-
-@dataclass(frozen=True)
-class DriverFloor:
-    """The oldest driver a bundle's static CUDA runtime runs on."""
-
-    cuda_version: int  # as cudaDriverGetVersion reports it: 1000 * major + 10 * minor
-    linux_driver: str
 
 
 @lru_cache(maxsize=1)

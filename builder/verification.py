@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
+from tilekiln.spec import Verified
 
 SHA256 = r"^[0-9a-f]{64}$"
 
@@ -49,11 +50,10 @@ class VerificationFile(_Record):
     bundle: str
     records: list[HardwareRecord]
 
-    def verified_on(self, kernel_id: str, cubin_sha256: str) -> list[dict]:
+    def verified_on(self, kernel_id: str, cubin_sha256: str) -> tuple[Verified, ...]:
         """The records (SKU, date, driver, largest error) that ran exactly this cubin and passed."""
-        return [{"sku": r.sku, "date": r.date, "driver": r.driver, "max_rel_error": r.kernels[kernel_id].max_rel_error}
-                for r in self.records
-                if kernel_id in r.kernels and r.kernels[kernel_id].cubin_sha256 == cubin_sha256]
+        return tuple(Verified(r.sku, r.date, r.driver, r.kernels[kernel_id].max_rel_error) for r in self.records
+                     if kernel_id in r.kernels and r.kernels[kernel_id].cubin_sha256 == cubin_sha256)
 
 
 def verification_dir(root: Path) -> Path:

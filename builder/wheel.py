@@ -8,7 +8,7 @@
 
 It registers ``<bundle> = tilekiln_kernels_<bundle>:bundle_dir`` under the
 entry-point group ``tilekiln.bundles`` and requires the runtime range the
-manifest records (``tilekiln-runtime>=0.1,<0.2``), so pip installs a runtime that
+manifest records (``tilekiln-runtime>=0.2,<0.3``), so pip installs a runtime that
 reads it. The platform tag is the glibc the library was linked for (``bundle.glibc``),
 checked against the library (``builder/platform_tag.py``).
 
@@ -90,7 +90,7 @@ class Wheel:
     filename: str
     data: bytes
     tag: PlatformTag
-    requires: str  # the Requires-Dist line's value, e.g. "tilekiln-runtime>=0.1,<0.2"
+    requires: str  # the Requires-Dist line's value, e.g. "tilekiln-runtime>=0.2,<0.3"
     rows: tuple[SizeRow, ...]  # largest first
 
     @property
@@ -149,10 +149,7 @@ def package_bundle(bundle_dir: Path, out_dir: Path, max_size: int) -> tuple[Path
 def make_wheel(bundle_dir: Path) -> Wheel:
     """The wheel of a verified bundle, in memory."""
     manifest = _verified_manifest(bundle_dir)
-    runtime_range = manifest.raw["bundle"].get("runtime_requires")
-    if not isinstance(runtime_range, str) or not runtime_range:
-        raise _error(bundle_dir / MANIFEST_NAME, "the manifest does not record bundle.runtime_requires, the "
-                     "runtime versions that can read it", "rebuild the bundle with this builder (tilekiln build)")
+    runtime_range = manifest.bundle.runtime_requires
     if not _BUNDLE_NAME.fullmatch(manifest.name):
         raise _error(bundle_dir / MANIFEST_NAME, f"bundle name {manifest.name!r} is not lower-case letters and "
                      "digits, so it cannot name a Python package", "rebuild the bundle with this builder")
@@ -191,8 +188,8 @@ def _verified_manifest(bundle_dir: Path) -> Manifest:
 
 def _glibc_target(bundle_dir: Path, manifest: Manifest) -> GlibcTarget:
     """The glibc the bundle was linked for, which its wheel's manylinux tag promises."""
-    glibc = manifest.raw["bundle"].get("glibc")
-    if not isinstance(glibc, str) or not re.fullmatch(r"2\.\d+", glibc):
+    glibc = manifest.bundle.glibc
+    if not re.fullmatch(r"2\.[0-9]+", glibc):
         raise _error(bundle_dir / MANIFEST_NAME, "the manifest does not record bundle.glibc, the glibc its "
                      "library was linked for", "rebuild the bundle with this builder (tilekiln build)")
     major, minor = glibc.split(".")
@@ -200,7 +197,6 @@ def _glibc_target(bundle_dir: Path, manifest: Manifest) -> GlibcTarget:
 
 
 def _metadata(m: Manifest, requires: str) -> str:
-    provenance = m.raw.get("provenance", {})
     lines = [
         "Metadata-Version: 2.1",
         f"Name: {distribution_name(m.name)}",
@@ -211,7 +207,7 @@ def _metadata(m: Manifest, requires: str) -> str:
         "Description-Content-Type: text/markdown",
         "",
         f"Bundle `{m.name}` {m.version} of ahead-of-time compiled GEMM kernels for `{m.arch}`, built from "
-        f"commit `{provenance.get('git_commit', 'unknown')}`. Load it with `tilekiln.load(\"{m.name}\")`; "
+        f"commit `{m.provenance.git_commit}`. Load it with `tilekiln.load(\"{m.name}\")`; "
         "`tilekiln inspect` on this wheel lists its kernels.",
         "",
     ]
@@ -248,7 +244,7 @@ def _zip(members: list[Member]) -> tuple[bytes, dict[str, int]]:
 def _breakdown(m: Manifest, pkg: str, members: list[Member], compressed: dict[str, int]) -> tuple[SizeRow, ...]:
     """Size per kernel (its source), the library (which holds every kernel's device code:
     the manifest's ``cubin.bytes`` is each kernel's share), the manifest, and the package's own files."""
-    owner = {f"{pkg}/bundle/{kernel['source']['file']}": kernel["id"] for kernel in m.raw["kernels"]}
+    owner = {f"{pkg}/bundle/{kernel.source.file}": kernel.id for kernel in m.kernels}
     owner[f"{pkg}/bundle/{m.library}"] = "library"
     owner[f"{pkg}/bundle/{MANIFEST_NAME}"] = "manifest"
     raw: dict[str, int] = {}

@@ -1,15 +1,17 @@
-"""ctypes binding of a bundle's shared library (its ``tk_*`` C API, ABI 4).
+"""ctypes binding of a bundle's shared library (its ``tk_*`` C API, ABI 5).
 
 The library is the bundle's kernels linked with the static CUDA runtime; it
-needs only libc and the NVIDIA driver. A launch passes two blocks by address:
-the plan's (:data:`PLAN`: kernel, device, sizes, strides), packed once per
-problem signature, and a per-thread call block (:data:`CALL`: pointers and
-stream), packed on every call. ``tk_run`` is bound without ``argtypes`` and
-called with the two ctypes buffers, which ctypes passes as pointers without
-per-argument conversion. On the H200 host the call block's pack costs 0.12 us
-and crossing into C 0.15 us (bench/results/overhead-h200-2026-12-02.json);
-the ABI-2 launch packed all 18 fields per call and took 11.7 us in all, the
-two-block launch (ABI 3 on) 6.8. ABI 4 adds ``tk_max_active_clusters``.
+needs only libc and the NVIDIA driver. A launch of a kernel of family F passes
+two blocks by address to ``tk_run_F``, both laid out from F's arguments in
+tilekiln/spec.py: the plan (``Family.plan_format``: tensor strides, extents,
+resident clusters, device, kernel index), packed once per problem signature,
+and a per-thread call block (``Family.call_format``: tensor and scale
+pointers, then the stream), packed on every call. ``tk_run_F`` is bound
+without ``argtypes`` and called with the two ctypes buffers, which ctypes
+passes as pointers without per-argument conversion. On the H200 host the call
+block's pack costs 0.12 us and crossing into C 0.15 us
+(bench/results/overhead-h200-2026-12-02.json); the ABI-2 launch packed all 18
+fields per call and took 11.7 us in all, the two-block launch (ABI 3 on) 6.8.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ import struct
 import threading
 from pathlib import Path
 
-# tk_plan_t in templates/link/glue.c.j2: a/b/c strides (lead, batch); m, n, k, l;
-# resident clusters; device ordinal; kernel index; a reserved word.
-PLAN = struct.Struct("<6q8i")
-# tk_call_t: a, b, c, stream, scale_a, scale_b.
-CALL = struct.Struct("<6Q")
+from tilekiln.spec import FAMILIES, Family
+
+# The blocks of tk_run_<family> (templates/link/glue.c.j2), per family.
+PLAN = {name: struct.Struct(f.plan_format) for name, f in FAMILIES.items()}
+CALL = {name: struct.Struct(f.call_format) for name, f in FAMILIES.items()}
 
 # cudaDeviceAttr values (driver_types.h).
 ATTR_MULTIPROCESSOR_COUNT = 16
@@ -39,6 +41,7 @@ class NativeLibrary:
             ("tk_abi_version", [], ctypes.c_int),
             ("tk_kernel_count", [], ctypes.c_int),
             ("tk_kernel_id", [ctypes.c_int], ctypes.c_char_p),
+            ("tk_kernel_family", [ctypes.c_int], ctypes.c_char_p),
             ("tk_init", [ctypes.c_int], ctypes.c_int),
             ("tk_load", [ctypes.c_int, ctypes.c_int], ctypes.c_int),
             ("tk_fallback_launches", [], ctypes.c_ulonglong),
@@ -52,23 +55,36 @@ class NativeLibrary:
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = argtypes, restype
         self._lib = lib
-        # No argtypes: called only as run(plan_block, call_block) with two ctypes buffers.
-        self.run = lib.tk_run
+        # No argtypes: called only as run[family](plan_block, call_block) with two ctypes buffers.
+        self.run = {name: getattr(lib, f"tk_run_{name}") for name in self.families()}
         self._local = threading.local()
 
-    def call_buffer(self) -> ctypes.Array:
-        """This thread's call block, reused by every launch on the thread."""
+    def families(self) -> list[str]:
+        """The families of the library's kernels (each has its tk_run_<family>)."""
+        return sorted(set(self.kernel_families()))
+
+    def kernel_families(self) -> list[str]:
+        return [self._lib.tk_kernel_family(i).decode() for i in range(self._lib.tk_kernel_count())]
+
+    def call_buffer(self, family: str) -> ctypes.Array:
+        """This thread's call block of ``family``, reused by every launch on the thread."""
         try:
-            return self._local.buf
+            return self._local.bufs[family]
         except AttributeError:
-            buf = self._local.buf = ctypes.create_string_buffer(CALL.size)
-            return buf
+            self._local.bufs = {}
+        except KeyError:
+            pass
+        buf = self._local.bufs[family] = ctypes.create_string_buffer(CALL[family].size)
+        return buf
 
     @staticmethod
-    def plan_block(index: int, device: int, static: tuple[int, ...]) -> ctypes.Array:
-        """A plan's block: ``static`` is (a, b, c strides; m, n, k, l; clusters)."""
-        block = ctypes.create_string_buffer(PLAN.size)
-        PLAN.pack_into(block, 0, *static, device, index, 0)
+    def plan_block(family: Family, index: int, device: int, static: tuple[int, ...]) -> ctypes.Array:
+        """A plan's block: ``static`` is the tensors' (lead, batch) strides, the extents and the
+        resident clusters, in the family's order; the device, the index and padding follow."""
+        layout = PLAN[family.name]
+        block = ctypes.create_string_buffer(layout.size)
+        padding = (0,) * ((len(family.extents) + 3) % 2)  # the int32 fields fill whole 8-byte words
+        layout.pack_into(block, 0, *static, device, index, *padding)
         return block
 
     def fallback_launches(self) -> int:

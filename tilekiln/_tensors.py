@@ -11,10 +11,12 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-# numpy typestr kinds of __cuda_array_interface__ -> dtype tokens (no bf16 there).
-_CAI_DTYPES = {"<f2": "f16", "<f4": "f32", "|i1": "i8", "|u1": "u8", "<i4": "i32"}
-_TORCH_NAMES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float8_e4m3fn": "e4m3",
-                "float8_e5m2": "e5m2", "int8": "i8", "uint8": "u8", "int32": "i32"}
+from tilekiln.spec import DTYPES, itemsize
+
+# Names other libraries give the dtype tokens (tilekiln/spec.py): numpy typestrs of
+# __cuda_array_interface__ (which has no bf16) and torch dtype names.
+_CAI_DTYPES = {d.typestr: d.token for d in DTYPES.values() if d.typestr}
+_TORCH_NAMES = {d.torch: d.token for d in DTYPES.values() if d.torch}
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ class Operand:
 
     @property
     def itemsize(self) -> int:
-        return {"bf16": 2, "f16": 2, "f32": 4, "e4m3": 1, "e5m2": 1, "i8": 1, "u8": 1, "i32": 4}.get(self.dtype, 0)
+        return itemsize(self.dtype) if self.dtype in DTYPES else 0
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -44,7 +44,7 @@ Tensor = torch.Tensor
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
-_pack_call = CALL.pack_into
+_pack_call = CALL["gemm"].pack_into  # the gemm family's call block
 
 # Bundles that were passed as objects, by their reference string, so an operator
 # finds the very object (and its plan cache) again.
@@ -207,16 +207,16 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
     if plan.split > 1:
         return _split_k(bundle, plan, a, b, out, stream)
     pa, pb, pc = a.data_ptr(), b.data_ptr(), out.data_ptr()
-    if (pa | pb | pc) & 15:
-        raise_misaligned(pa, pb, pc)
+    if (pa | pb | pc) & plan.align_mask:
+        raise_misaligned(pa, pb, pc, plan.align_mask + 1)
     if stream is None and _raw_stream is not None:
         handle = _raw_stream(plan.problem.device)
     else:
         handle = _stream_handle(stream, plan.problem.device)
     lib = bundle._lib
-    buf = lib.call_buffer()
-    _pack_call(buf, 0, pa, pb, pc, handle, 0, 0)
-    status = lib.run(block, buf)
+    buf = lib.call_buffer("gemm")
+    _pack_call(buf, 0, pa, pb, pc, 0, 0, handle)
+    status = lib.run["gemm"](block, buf)
     if status:
         raise LaunchError(plan.kernel_id, lib.error_name(status), lib.error_string(status))
     return out

@@ -22,7 +22,8 @@ from tilekiln._native import NativeLibrary
 from tilekiln._tensors import Operand, contiguous_strides, describe, is_torch_tensor, transposed
 from tilekiln.compat import arch_runs_on, require_driver, wrong_device
 from tilekiln.errors import BundleError, LaunchError, NoKernelError
-from tilekiln.manifest import KernelInfo, Manifest, read_manifest
+from tilekiln.manifest import Manifest, read_manifest
+from tilekiln.spec import KernelRecord
 from tilekiln.problem import GemmProblem, make_problem
 from tilekiln.select import Choice, choose, nominal_clusters
 from tilekiln.splitk import SPLITS, parse_label
@@ -44,11 +45,13 @@ class Plan:
     block: object  # the packed tk_plan_t (a ctypes buffer); None: nothing to launch (empty result or K == 0)
     split: int = 1  # K slices; > 1: the kernel writes fp32 partials that are then summed (splitk.py)
     run: GemmProblem | None = None  # what the kernel runs: the problem itself, or its K slices
+    family: str = ""  # the kernel's family: which tk_run_<family> and call block launch it
+    align_mask: int = 0  # the kernel's contract: base alignment - 1, checked against every pointer
 
 
 DeviceQuery = Callable[[int], DeviceInfo]
 # How many clusters of a kernel a device (ordinal) holds at once.
-ClusterQuery = Callable[[KernelInfo, int], int]
+ClusterQuery = Callable[[KernelRecord, int], int]
 
 
 PLAN_CACHE_LIMIT = 16384
@@ -66,11 +69,11 @@ def torch_path():
     return _torch
 
 
-def raise_misaligned(pa: int, pb: int, pc: int) -> None:
+def raise_misaligned(pa: int, pb: int, pc: int, alignment: int) -> None:
     for name, p in (("a", pa), ("b", pb), ("out", pc)):
-        if p & 15:
-            raise ValueError(f"{name}: data pointer 0x{p:x} is not 16-byte aligned (offset {p % 16}); "
-                             "the kernels load and store with TMA, which needs 16-byte aligned bases")
+        if p % alignment:
+            raise ValueError(f"{name}: data pointer 0x{p:x} is not {alignment}-byte aligned (offset {p % alignment}); "
+                             "the kernel loads and stores with TMA, whose contract needs aligned bases")
 
 
 class Bundle:
@@ -96,7 +99,7 @@ class Bundle:
         self._ready: set[tuple[int, int]] = set()
         self._devices: dict[int, DeviceInfo] = {}
         self._plans: dict[tuple, Plan] = {}
-        self._tuning = dict(manifest.tuning)
+        self._tuning = dict(manifest.tuning.table) if manifest.tuning else {}
 
     @classmethod
     def open(cls, directory: Path, device_query: DeviceQuery | None = None) -> "Bundle":
@@ -105,7 +108,7 @@ class Bundle:
         from tilekiln._driver import driver_version
 
         manifest = read_manifest(directory)
-        require_driver(manifest.name, manifest.driver_requires, driver_version())
+        require_driver(manifest.name, manifest.bundle.driver_requires, driver_version())
         return cls(directory, manifest, device_query)
 
     def __repr__(self) -> str:
@@ -134,7 +137,8 @@ class Bundle:
             with self._lock:
                 if self._lib is None:
                     lib = NativeLibrary(self.directory / self.manifest.library)
-                    if lib.kernel_ids() != [k.id for k in self.kernels]:
+                    if (lib.kernel_ids() != [k.id for k in self.kernels]
+                            or lib.kernel_families() != [k.config.family for k in self.kernels]):
                         raise BundleError(f"bundle {self.name}: the library's kernel table does not match "
                                           "manifest.json; rebuild or reinstall the bundle")
                     self._lib = lib
@@ -172,12 +176,12 @@ class Bundle:
             values.append(value)
         return DeviceInfo(ordinal, (values[0], values[1]), values[2])
 
-    def resident_clusters(self, kernel: KernelInfo, device: int) -> int:
+    def resident_clusters(self, kernel: KernelRecord, device: int) -> int:
         """How many clusters of ``kernel`` a persistent launch on ``device`` starts: as many as
         the device holds at once. Asked once per device and cluster shape, since every
         kernel runs one CTA per SM (its pipeline stages fill the shared memory), so the
         shape alone decides how the GPCs fit clusters."""
-        key = (device, kernel.cluster)
+        key = (device, kernel.config.cluster)
         count = self._clusters.get(key)
         if count is None:
             with self._lock:
@@ -185,23 +189,23 @@ class Bundle:
                 if count is None:
                     count = self._cluster_query(kernel, device)
                     if count < 1:
-                        raise BundleError(f"{kernel.id}: cuda:{device} cannot hold one {kernel.cluster[0]}x"
-                                          f"{kernel.cluster[1]} cluster of {kernel.threads}-thread CTAs with "
+                        raise BundleError(f"{kernel.id}: cuda:{device} cannot hold one {kernel.config.cluster.m}x"
+                                          f"{kernel.config.cluster.n} cluster of {kernel.threads}-thread CTAs with "
                                           f"{kernel.dynamic_smem_bytes} B of shared memory each; use a "
                                           "kernel with a smaller cluster")
                     self._clusters[key] = count
         return count
 
-    def _nominal_clusters(self, kernel: KernelInfo, device: int) -> int:
+    def _nominal_clusters(self, kernel: KernelRecord, device: int) -> int:
         return nominal_clusters(kernel, self.device(device).sm_count)
 
-    def _query_clusters(self, kernel: KernelInfo, device: int) -> int:
+    def _query_clusters(self, kernel: KernelRecord, device: int) -> int:
         if kernel.cluster_size == 1:
             return self.device(device).sm_count
         self._ensure_ready(kernel.index, device)
         lib = self._library()
         status, count = lib.max_active_clusters(kernel.index, device, kernel.threads, kernel.dynamic_smem_bytes,
-                                                kernel.cluster)
+                                                (kernel.config.cluster.m, kernel.config.cluster.n))
         if status:
             raise BundleError(f"{kernel.id}: asking cuda:{device} how many of its clusters fit failed with "
                               f"{lib.error_name(status)} ({lib.error_string(status)})")
@@ -246,10 +250,11 @@ class Bundle:
         # Loading happens here, on the slow path, so a cached plan can launch directly.
         self._ensure_ready(k.index, problem.device)
         clusters = self.resident_clusters(k, problem.device)
-        static = (run.a.lead, run.a.batch, run.b.lead, run.b.batch, run.c.lead, run.c.batch,
-                  run.m, run.n, run.k, run.batch, clusters)
-        return Plan(problem, choice.label, NativeLibrary.plan_block(k.index, problem.device, static),
-                    choice.split, run)
+        family = k.family
+        strides = tuple(s for t in family.tensors for s in (getattr(run, t.name).lead, getattr(run, t.name).batch))
+        static = (*strides, *(run.extent(e) for e in family.extents), clusters)
+        return Plan(problem, choice.label, NativeLibrary.plan_block(family, k.index, problem.device, static),
+                    choice.split, run, family.name, k.contract.base_alignment - 1)
 
     def remember(self, key: tuple, plan: Plan) -> None:
         """Cache a plan; a process that sees very many distinct shapes starts over
@@ -330,12 +335,12 @@ class Bundle:
     def launch(self, plan: Plan, pa: int, pb: int, pc: int, stream: int, scale_a: int = 0,
                scale_b: int = 0) -> None:
         """Launch a plan made by :meth:`plan` (which loaded its kernel on its device)."""
-        if (pa | pb | pc) & 15:
-            raise_misaligned(pa, pb, pc)
+        if (pa | pb | pc) & plan.align_mask:
+            raise_misaligned(pa, pb, pc, plan.align_mask + 1)
         lib = self._lib
-        buf = lib.call_buffer()
-        _native.CALL.pack_into(buf, 0, pa, pb, pc, stream, scale_a, scale_b)
-        status = lib.run(plan.block, buf)
+        buf = lib.call_buffer(plan.family)
+        _native.CALL[plan.family].pack_into(buf, 0, pa, pb, pc, scale_a, scale_b, stream)
+        status = lib.run[plan.family](plan.block, buf)
         if status:
             raise LaunchError(plan.kernel_id, lib.error_name(status), lib.error_string(status))
 

@@ -15,7 +15,12 @@ Imports only the standard library.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tilekiln.errors import BundleCompatibilityError
+
+if TYPE_CHECKING:
+    from tilekiln.manifest import DriverFloor
 
 
 def arch_runs_on(arch_kind: str, target: tuple[int, int], device: tuple[int, int]) -> bool:
@@ -71,18 +76,17 @@ def cuda_version_text(version: int) -> str:
     return f"{version // 1000}.{version % 1000 // 10}"
 
 
-def require_driver(bundle: str, requires: dict | None, installed: int | None) -> None:
-    """Refuse a driver older than the bundle's static CUDA runtime needs.
+def require_driver(bundle: str, requires: DriverFloor, installed: int | None) -> None:
+    """Refuse a driver older than the bundle's static CUDA runtime needs (``bundle.driver_requires``).
 
-    ``requires`` is the manifest's ``bundle.driver_requires`` (absent before schema 1.3: no
-    check); ``installed`` is cuDriverGetVersion, None where no driver is installed (nothing
-    can run there, and loading for inspection is allowed)."""
-    if not requires or installed is None or installed == 0:
+    ``installed`` is cuDriverGetVersion, None where no driver is installed (nothing can run
+    there, and loading for inspection is allowed)."""
+    if installed is None or installed == 0:
         return
-    needed = int(requires["cuda_version"])
+    needed = requires.cuda_version
     if installed < needed:
         raise BundleCompatibilityError(
             f"bundle {bundle} links the CUDA {cuda_version_text(needed)} runtime, which needs an NVIDIA driver "
-            f"for CUDA {cuda_version_text(needed)} or newer (on Linux, driver {requires['linux_driver']} or "
+            f"for CUDA {cuda_version_text(needed)} or newer (on Linux, driver {requires.linux_driver} or "
             f"newer); this machine's driver supports CUDA {cuda_version_text(installed)} "
-            f"(cuDriverGetVersion {installed}). Update the NVIDIA driver to {requires['linux_driver']} or newer.")
+            f"(cuDriverGetVersion {installed}). Update the NVIDIA driver to {requires.linux_driver} or newer.")

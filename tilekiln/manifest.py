@@ -10,6 +10,7 @@ digest with :func:`manifest_digest`, so there is one definition of it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -17,80 +18,142 @@ from pathlib import Path
 from typing import Callable
 
 from tilekiln.errors import BundleCompatibilityError, BundleIntegrityError
+from tilekiln.spec import KernelRecord
 
 MANIFEST_NAME = "manifest.json"
-SUPPORTED_SCHEMA_MAJOR = 1
-# The tk_* C API and the tk_plan_t/tk_call_t blocks of templates/link/glue.c.j2, which
-# _native.PLAN and _native.CALL pack; the builder stamps it into the library and the manifest.
-# 2: scale_a/scale_b added to tk_args_t. 3: tk_launch(index, tk_args_t) split into
-# tk_run(tk_plan_t, tk_call_t), so the static half is packed once per plan.
-ABI_VERSION = 4
+SUPPORTED_SCHEMA_MAJOR = 2
+# The tk_* C API and the plan/call blocks of templates/link/glue.c.j2, which _native packs;
+# the builder stamps it into the library and the manifest. 2: scale_a/scale_b added.
+# 3: tk_run(plan, call), the static half packed once per plan. 4: tk_max_active_clusters.
+# 5: one tk_run_<family> per kernel family, its blocks derived from tilekiln/spec.py.
+ABI_VERSION = 5
 
 
 @dataclass(frozen=True)
-class Contract:
-    base_alignment: int
-    stride_divisibility: tuple[int, int, int]  # elements, for A, B, C
-    max_extent: int
+class DriverFloor:
+    """The oldest driver the library's static CUDA runtime runs on."""
+
+    cuda_version: int  # as cuDriverGetVersion reports it: 1000 * major + 10 * minor
+    linux_driver: str
 
 
 @dataclass(frozen=True)
-class KernelInfo:
-    index: int
-    id: str
-    dtypes: tuple[str, str, str, str]  # a, b, acc, c
-    a_major: str  # "k" or "m"
-    b_major: str  # "k" or "n"
-    tile: tuple[int, int, int]  # the MMA's M x N x K: along the problem's N x M x K when swap_ab
-    cluster: tuple[int, int]  # in the MMA's terms, like tile
-    schedule: str
-    stages: int
-    contract: Contract
-    registers: int
-    smem_bytes: int
-    cubin_bytes: int
-    verification: str
-    threads: int  # per CTA, as the kernel launches
-    dynamic_smem_bytes: int  # per CTA, as the kernel launches
-    swap_ab: bool = False  # the kernel computes C^T = B^T A^T (its arguments stay the problem's)
-    raster: str = "m"  # the order CTAs walk the output tiles: along M ("m") or N ("n")
-    swizzle: int = 1  # output tiles per band of that walk
-    verified_on: tuple[str, ...] = ()  # card models (SKUs) on which exactly this cubin passed `tilekiln verify`
+class BundleInfo:
+    name: str
+    version: str
+    arch: str  # sm_90a
+    arch_kind: str  # "a" or "f"
+    compute_capability: tuple[int, int]
+    abi_version: int
+    runtime_requires: str  # PEP 440 specifier of the runtimes that read it
+    driver_requires: DriverFloor
+    glibc: str  # the oldest glibc the library runs on
 
-    @property
-    def cluster_size(self) -> int:
-        return self.cluster[0] * self.cluster[1]
 
-    @property
-    def verification_label(self) -> str:
-        """``hardware-verified on H100 80GB HBM3, H200``, or ``compile-verified`` for code never run on a GPU."""
-        return f"hardware-verified on {', '.join(self.verified_on)}" if self.verified_on else "compile-verified"
+@dataclass(frozen=True)
+class Provenance:
+    git_commit: str
+    build_host: str
+    catalog_files: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TuningTable:
+    """Measured choices per shape bucket (tilekiln/select.py), from ``tilekiln tune``."""
+
+    device: str
+    table: tuple[tuple[str, str], ...]  # (shape bucket, choice label), sorted
+    measurements: tuple[tuple[str, dict], ...] = ()
+
+    def plain(self) -> dict:
+        return {"device": self.device, "table": dict(self.table), "measurements": dict(self.measurements)}
+
+    @classmethod
+    def from_plain(cls, data: dict) -> TuningTable:
+        return cls(str(data.get("device", "unknown")),
+                   tuple(sorted((str(b), str(c)) for b, c in data.get("table", {}).items())),
+                   tuple(sorted(data.get("measurements", {}).items())))
 
 
 @dataclass(frozen=True)
 class Manifest:
-    name: str
-    version: str
-    arch: str
-    arch_kind: str
-    compute_capability: tuple[int, int]
-    abi_version: int
+    """A bundle's ``manifest.json``, every field typed (docs/bundle-format.md)."""
+
+    schema_version: str
+    bundle: BundleInfo
     library: str
-    kernels: tuple[KernelInfo, ...]
-    files: tuple[tuple[str, str], ...]
-    tuning: tuple[tuple[str, str], ...]  # (shape bucket, choice label), measured by `tilekiln tune`
-    raw: dict
+    files: tuple[tuple[str, str], ...]  # (relative path, sha256), sorted
+    kernels: tuple[KernelRecord, ...]
+    toolchain: tuple[tuple[str, str], ...]
+    provenance: Provenance
+    tuning: TuningTable | None = None
 
     @property
-    def driver_requires(self) -> dict | None:
-        """``{"cuda_version": 13000, "linux_driver": "580.65.06"}``; None before schema 1.3."""
-        return self.raw.get("bundle", {}).get("driver_requires")
+    def name(self) -> str:
+        return self.bundle.name
 
-    def kernel(self, kernel_id: str) -> KernelInfo:
+    @property
+    def version(self) -> str:
+        return self.bundle.version
+
+    @property
+    def arch(self) -> str:
+        return self.bundle.arch
+
+    @property
+    def arch_kind(self) -> str:
+        return self.bundle.arch_kind
+
+    @property
+    def compute_capability(self) -> tuple[int, int]:
+        return self.bundle.compute_capability
+
+    def kernel(self, kernel_id: str) -> KernelRecord:
         for k in self.kernels:
             if k.id == kernel_id:
                 return k
         raise KeyError(kernel_id)
+
+    def plain(self) -> dict:
+        """The JSON object, without ``integrity`` (:func:`manifest_digest` covers the rest)."""
+        b = self.bundle
+        data = {
+            "schema_version": self.schema_version,
+            "bundle": {**dataclasses.asdict(b), "compute_capability": list(b.compute_capability)},
+            "library": self.library,
+            "files": dict(self.files),
+            "kernels": [k.plain() for k in self.kernels],
+            "toolchain": dict(self.toolchain),
+            "provenance": {**dataclasses.asdict(self.provenance),
+                           "catalog_files": list(self.provenance.catalog_files)},
+        }
+        if self.tuning is not None:
+            data["tuning"] = self.tuning.plain()
+        return data
+
+    @classmethod
+    def from_plain(cls, data: dict) -> Manifest:
+        b = data["bundle"]
+        files = data["files"]
+        for relative in files:
+            if not isinstance(relative, str) or relative.startswith("/") or ".." in relative.split("/"):
+                raise ValueError(f"file {relative!r} lies outside the bundle directory")
+        if data["library"] not in files:
+            raise ValueError(f"library {data['library']} is not among the hashed files")
+        return cls(
+            schema_version=str(data["schema_version"]),
+            bundle=BundleInfo(
+                name=str(b["name"]), version=str(b["version"]), arch=str(b["arch"]), arch_kind=str(b["arch_kind"]),
+                compute_capability=(int(b["compute_capability"][0]), int(b["compute_capability"][1])),
+                abi_version=int(b["abi_version"]), runtime_requires=str(b["runtime_requires"]),
+                driver_requires=DriverFloor(**b["driver_requires"]), glibc=str(b["glibc"])),
+            library=str(data["library"]), files=tuple(sorted((str(k), str(v)) for k, v in files.items())),
+            kernels=tuple(KernelRecord.from_plain(k) for k in data["kernels"]),
+            toolchain=tuple(sorted((str(k), str(v)) for k, v in data["toolchain"].items())),
+            provenance=Provenance(**{**data["provenance"],
+                                     "catalog_files": tuple(data["provenance"]["catalog_files"])}),
+            tuning=TuningTable.from_plain(data["tuning"]) if "tuning" in data else None,
+        )
 
 
 def canonical_json(data: dict) -> bytes:
@@ -133,8 +196,8 @@ def parse_manifest(raw: bytes, label: str, verify: bool = True) -> Manifest:
         if recorded != manifest_digest(data):
             raise BundleIntegrityError(label, MANIFEST_NAME, "content does not match its recorded sha256")
     try:
-        return _parse(data)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        return Manifest.from_plain(data)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         raise BundleIntegrityError(label, MANIFEST_NAME, f"malformed ({type(exc).__name__}: {exc})") from None
 
 
@@ -171,41 +234,3 @@ def verify_files(manifest: Manifest, read: Callable[[str], bytes]) -> None:
         if hashlib.sha256(data).hexdigest() != digest:
             raise BundleIntegrityError(manifest.name, relative,
                                        f"sha256 mismatch ({len(data)} bytes; modified or truncated)")
-
-
-def _parse(data: dict) -> Manifest:
-    b = data["bundle"]
-    kernels = []
-    for k in data["kernels"]:
-        c = k["contract"]
-        sd = c["stride_divisibility"]
-        kernels.append(KernelInfo(
-            index=int(k["index"]), id=k["id"],
-            dtypes=(k["dtypes"]["a"], k["dtypes"]["b"], k["dtypes"]["acc"], k["dtypes"]["c"]),
-            a_major=k["layout"]["a"], b_major=k["layout"]["b"],
-            tile=tuple(k["tile"]), cluster=tuple(k["cluster"]), schedule=k["schedule"], stages=int(k["stages"]),
-            contract=Contract(int(c["base_alignment_bytes"]), (int(sd["a"]), int(sd["b"]), int(sd["c"])),
-                              int(c["max_extent"])),
-            registers=int(k["resources"]["registers"]), smem_bytes=int(k["resources"]["smem_bytes"]),
-            cubin_bytes=int(k["cubin"]["bytes"]), verification=k["verification"],
-            threads=int(k["threads"]),
-            dynamic_smem_bytes=int(k["resources"]["smem_bytes"]) - int(k["resources"]["static_smem_bytes"]),
-            # Schema 1.1; a 1.0 manifest has no swapped kernels.
-            swap_ab=bool(k.get("swap_ab", False)),
-            raster=str(k.get("raster", "m")), swizzle=int(k.get("swizzle", 1)),
-            # Schema 1.3; earlier manifests verified nothing on hardware.
-            verified_on=tuple(str(v["sku"]) for v in k.get("verified_on", [])),
-        ))
-    files = data["files"]
-    for relative in files:
-        if relative.startswith("/") or ".." in relative.split("/"):
-            raise ValueError(f"file {relative!r} lies outside the bundle directory")
-    if data["library"] not in files:
-        raise ValueError(f"library {data['library']} is not among the hashed files")
-    tuning = tuple((str(bucket), str(kid)) for bucket, kid in sorted(data.get("tuning", {}).get("table", {}).items()))
-    return Manifest(
-        name=b["name"], version=b["version"], arch=b["arch"], arch_kind=b["arch_kind"],
-        compute_capability=tuple(b["compute_capability"]), abi_version=int(b["abi_version"]),
-        library=data["library"], kernels=tuple(kernels), files=tuple(sorted(files.items())),
-        tuning=tuning, raw=data,
-    )

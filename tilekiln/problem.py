@@ -14,8 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tilekiln._tensors import Operand
-
-MAX_EXTENT = 2**31 - 1
+from tilekiln.spec import SCALED_INPUTS, itemsize
 
 
 @dataclass(frozen=True)
@@ -44,6 +43,11 @@ class GemmProblem:
     fold_batch: bool  # a 3-D A times a 2-D B computed as one (L*M) x K GEMM
 
     @property
+    def family(self) -> str:
+        """The kernel family that computes it (tilekiln/spec.py): a dense (batched) GEMM."""
+        return "gemm"
+
+    @property
     def dtype(self) -> str:
         """``a/b->out`` spelling used in messages and the tuning-table key."""
         return f"{self.a_dtype}/{self.b_dtype}->{self.out_dtype}"
@@ -60,6 +64,10 @@ class GemmProblem:
     @property
     def flops(self) -> int:
         return 2 * self.m * self.n * self.k * self.batch
+
+    def extent(self, name: str) -> int:
+        """A problem extent by the name the kernel families give it (tilekiln/spec.py): m, n, k, l."""
+        return {"m": self.m, "n": self.n, "k": self.k, "l": self.batch}[name]
 
 
 # A row stride that is never used (the matrix has one row) still reaches the
@@ -88,8 +96,6 @@ def _matrix_layout(op: Operand, rows: int, cols: int, row_major: str, col_major:
     return max(options, key=lambda o: (o.lead % _UNUSED_STRIDE_ALIGN == 0, o.lead % 8 == 0, o.major == row_major))
 
 
-SCALED_INPUTS = ("e4m3", "e5m2")
-ITEMSIZE = {"bf16": 2, "f16": 2, "f32": 4, "e4m3": 1, "e5m2": 1, "i8": 1, "u8": 1, "i32": 4}
 
 
 def padded_lead(n: int, itemsize: int) -> int:
@@ -150,9 +156,6 @@ def make_problem(a: Operand, b: Operand, out: Operand | None, out_dtype: str | N
     la = a.shape[0] if len(a.shape) == 3 else None
     lb = b.shape[0] if len(b.shape) == 3 else None
     batch = out_shape[0] if len(out_shape) == 3 else 1
-    for name, v in (("M", m), ("N", n), ("K", k), ("batch", batch)):
-        if v > MAX_EXTENT:
-            raise ValueError(f"{name} = {v} exceeds the kernels' 32-bit index range ({MAX_EXTENT})")
     if 0 in (m, n, k, batch):
         # Nothing to load: the result is empty, or all zeros when only K is 0.
         if out is not None:
@@ -169,7 +172,7 @@ def make_problem(a: Operand, b: Operand, out: Operand | None, out_dtype: str | N
     if out is None:
         # Rows of a result we allocate start on 16-byte boundaries (TMA); when N
         # is not a multiple of that, the result is a view of a padded buffer.
-        lead = padded_lead(n, ITEMSIZE[out_dtype])
+        lead = padded_lead(n, itemsize(out_dtype))
         lc_op = Layout2("n", lead, m * lead)
     else:
         lc_op = _check_out(out, a, out_shape, out_dtype)

@@ -27,8 +27,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from tilekiln.manifest import KernelInfo
 from tilekiln.problem import GemmProblem
+from tilekiln.spec import KernelRecord
 from tilekiln.splitk import PARTIAL_DTYPE, SPLIT_OVERHEAD, label, sliced
 
 # The model's reuse term: tile intensity m*n/(m+n) over itself plus this
@@ -43,7 +43,7 @@ _MULTICAST_GAIN = 1.06
 
 @dataclass(frozen=True)
 class Candidate:
-    kernel: KernelInfo
+    kernel: KernelRecord
     accepted: bool
     reason: str
     estimate: float = math.inf  # model time, arbitrary units; lower is better
@@ -57,7 +57,7 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Choice:
-    kernel: KernelInfo | None
+    kernel: KernelRecord | None
     how: str  # "tuned", "model" or "none"
     candidates: tuple[Candidate, ...]
     split: int = 1
@@ -100,16 +100,24 @@ def layout_code(problem: GemmProblem) -> str:
     return ("t" if problem.a.major == "k" else "n") + ("n" if problem.b.major == "k" else "t")
 
 
-def check_kernel(kernel: KernelInfo, problem: GemmProblem) -> str | None:
+def check_kernel(kernel: KernelRecord, problem: GemmProblem) -> str | None:
     """Why ``kernel`` cannot run ``problem``, or None if it can."""
+    cfg = kernel.config
+    if cfg.family != problem.family:
+        return f"family: kernel computes {cfg.family}, the call is {problem.family}"
     want = (problem.a_dtype, problem.b_dtype, problem.out_dtype)
-    have = (kernel.dtypes[0], kernel.dtypes[1], kernel.dtypes[3])
+    have = (cfg.dtypes.a.value, cfg.dtypes.b.value, cfg.dtypes.c.value)
     if want != have:
         return f"dtype: kernel computes {have[0]}/{have[1]}->{have[2]}, the call needs {problem.dtype}"
-    if kernel.a_major != problem.a.major:
-        return f"layout: kernel wants A {kernel.a_major}-major, a is {problem.a.major}-major"
-    if kernel.b_major != problem.b.major:
-        return f"layout: kernel wants B {kernel.b_major}-major, b is {problem.b.major}-major"
+    a_major, b_major, _ = cfg.layout.majors
+    if a_major != problem.a.major:
+        return f"layout: kernel wants A {a_major}-major, a is {problem.a.major}-major"
+    if b_major != problem.b.major:
+        return f"layout: kernel wants B {b_major}-major, b is {problem.b.major}-major"
+    limit = kernel.contract.max_extent
+    for name, extent in (("M", problem.m), ("N", problem.n), ("K", problem.k), ("batch", problem.batch)):
+        if extent > limit:
+            return f"extent: {name} = {extent} exceeds the kernel's index range ({limit})"
     div_a, div_b, div_c = kernel.contract.stride_divisibility
     for name, layout, div in (("a", problem.a, div_a), ("b", problem.b, div_b), ("out", problem.c, div_c)):
         for what, stride in (("leading", layout.lead), ("batch", layout.batch)):
@@ -119,18 +127,19 @@ def check_kernel(kernel: KernelInfo, problem: GemmProblem) -> str | None:
     return None
 
 
-def nominal_clusters(kernel: KernelInfo, sm_count: int) -> int:
+def nominal_clusters(kernel: KernelRecord, sm_count: int) -> int:
     """Clusters of ``kernel`` that ``sm_count`` SMs would hold if every SM could join any cluster;
     the driver's count (Bundle.resident_clusters) is lower where GPCs leave SMs over."""
     return max(1, sm_count // kernel.cluster_size)
 
 
-def estimate(kernel: KernelInfo, problem: GemmProblem, resident: int) -> float:
+def estimate(kernel: KernelRecord, problem: GemmProblem, resident: int) -> float:
     """Relative run time of ``kernel`` on ``problem`` when ``resident`` of its clusters run at once."""
-    tm, tn, _ = kernel.tile
-    cm, cn = kernel.cluster
+    cfg = kernel.config
+    tm, tn = cfg.tile.m, cfg.tile.n
+    cm, cn = cfg.cluster.m, cfg.cluster.n
     # A swapped kernel's tile M runs along the problem's N.
-    m, n = (problem.n, problem.m) if kernel.swap_ab else (problem.m, problem.n)
+    m, n = (problem.n, problem.m) if cfg.swap_ab else (problem.m, problem.n)
     cluster_tiles = math.ceil(math.ceil(m / tm) / cm) * math.ceil(math.ceil(n / tn) / cn)
     items = cluster_tiles * problem.batch
     waves = math.ceil(items / resident)
@@ -139,14 +148,14 @@ def estimate(kernel: KernelInfo, problem: GemmProblem, resident: int) -> float:
     return waves * tm * tn * max(problem.k, 1) / efficiency
 
 
-def choose(kernels: tuple[KernelInfo, ...], problem: GemmProblem, sm_count: int,
+def choose(kernels: tuple[KernelRecord, ...], problem: GemmProblem, sm_count: int,
            tuning: dict[str, str], splits: tuple[int, ...] = (1,),
-           resident: Callable[[KernelInfo], int] | None = None) -> Choice:
+           resident: Callable[[KernelRecord], int] | None = None) -> Choice:
     """The kernel (and K split, among ``splits``) for ``problem``: tuned if the table names an
     accepted candidate for its bucket, else the model's best. ``resident``: how many clusters
     of a kernel the device holds at once (default :func:`nominal_clusters`)."""
     if resident is None:
-        def resident(k: KernelInfo) -> int:
+        def resident(k: KernelRecord) -> int:
             return nominal_clusters(k, sm_count)
     candidates = []
     for split in splits:
@@ -154,7 +163,7 @@ def choose(kernels: tuple[KernelInfo, ...], problem: GemmProblem, sm_count: int,
         if run is None:
             continue
         for k in kernels:
-            if split > 1 and k.dtypes[3] != PARTIAL_DTYPE:
+            if split > 1 and k.config.dtypes.c.value != PARTIAL_DTYPE:
                 continue
             why = check_kernel(k, run)
             if why is not None:

@@ -699,13 +699,19 @@ class Symbols:
 
 
 @dataclass(frozen=True)
-class Origin:
-    """Where the kernel came from: the catalog file and item, the template and its sha256."""
+class CatalogRef:
+    """The catalog file and item the kernel was expanded from."""
 
-    catalog_file: str
-    catalog_item: int
-    template: str
-    template_sha256: str
+    file: str
+    item: int
+
+
+@dataclass(frozen=True)
+class TemplateRef:
+    """The template that rendered the kernel, and the sha256 of it and the macros it may import."""
+
+    name: str
+    sha256: str
 
 
 @dataclass(frozen=True)
@@ -732,7 +738,8 @@ class KernelRecord:
     cubin: Blob
     source: Blob
     symbols: Symbols
-    origin: Origin
+    catalog: CatalogRef
+    template: TemplateRef
     verified_on: tuple[Verified, ...] = ()
 
     @property
@@ -759,7 +766,7 @@ class KernelRecord:
                 "threads": self.threads, "contract": self.contract.plain(),
                 "resources": dataclasses.asdict(self.resources), "cubin": _blob(self.cubin),
                 "source": _blob(self.source), "symbols": dataclasses.asdict(self.symbols),
-                "origin": dataclasses.asdict(self.origin),
+                "catalog": dataclasses.asdict(self.catalog), "template": dataclasses.asdict(self.template),
                 "verification": "hardware-verified" if self.verified_on else "compile-verified",
                 "verified_on": [dataclasses.asdict(v) for v in self.verified_on]}
 
@@ -769,7 +776,8 @@ class KernelRecord:
             index=int(data["index"]), id=str(data["id"]), config=KernelConfig.from_plain(data["config"]),
             stages=int(data["stages"]), threads=int(data["threads"]), contract=Contract.from_plain(data["contract"]),
             resources=Resources(**data["resources"]), cubin=Blob(**data["cubin"]), source=Blob(**data["source"]),
-            symbols=Symbols(**data["symbols"]), origin=Origin(**data["origin"]),
+            symbols=Symbols(**data["symbols"]), catalog=CatalogRef(**data["catalog"]),
+            template=TemplateRef(**data["template"]),
             verified_on=tuple(Verified(**v) for v in data.get("verified_on", [])))
 
 

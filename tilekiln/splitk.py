@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tilekiln.problem import GemmProblem, Layout2
+from tilekiln.problem import GemmProblem, Layout2, padded_lead
+from tilekiln.spec import itemsize
 
 SPLITS = (2, 3, 4, 6, 8)
 # Shallower slices make the workspace round trip cost more than the extra CTAs buy.
@@ -30,7 +31,6 @@ SPLIT_OVERHEAD = 1.25
 # to fill the machine unsplit; the bound also caps the workspace each call allocates.
 MAX_WORKSPACE_BYTES = 64 * 2**20
 PARTIAL_DTYPE = "f32"
-_PARTIAL_ITEMSIZE = 4
 _SUFFIX = "/splitk"
 
 
@@ -54,8 +54,8 @@ def sliced(problem: GemmProblem, split: int) -> GemmProblem | None:
     if problem.k % split or problem.k // split < MIN_SLICE_K:
         return None
     kc = problem.k // split
-    lead = -(-problem.n * _PARTIAL_ITEMSIZE // 16) * 16 // _PARTIAL_ITEMSIZE  # 16-byte rows for TMA
-    if split * problem.m * lead * _PARTIAL_ITEMSIZE > MAX_WORKSPACE_BYTES:
+    lead = padded_lead(problem.n, itemsize(PARTIAL_DTYPE))  # 16-byte rows for TMA
+    if split * problem.m * lead * itemsize(PARTIAL_DTYPE) > MAX_WORKSPACE_BYTES:
         return None
 
     def slice_of(layout: Layout2, k_contiguous: bool) -> Layout2:

@@ -45,7 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from tilekiln.manifest import MANIFEST_NAME, KernelInfo, manifest_digest
+from tilekiln.manifest import MANIFEST_NAME, manifest_digest
+from tilekiln.spec import KernelRecord
 from tilekiln.splitk import parse_label
 
 L2_BYTES = 60 * 2**20
@@ -233,12 +234,13 @@ def finalists(times: dict[str, float], group: Callable[[str], object] = lambda l
     return [label for label in order if group(label) in kept]
 
 
-def walk_key(kernels: Mapping[str, KernelInfo], label: str) -> tuple:
+def walk_key(kernels: Mapping[str, KernelRecord], label: str) -> tuple:
     """What the choice ``label`` (a kernel id of ``kernels``, or a split-K label) is apart from
     the order its CTAs walk the output tiles (raster, swizzle) and its L2 hints (evict_first)."""
     kid, split = parse_label(label)
     k = kernels[kid]
-    return (k.dtypes, k.a_major, k.b_major, k.tile, k.cluster, k.schedule, k.swap_ab, k.stages, split)
+    c = k.config
+    return (c.dtypes, c.layout, c.tile, c.cluster, c.schedule, c.swap_ab, k.stages, split)
 
 
 def median_event_ms(fn, iters: int, while_queued: Callable[[], None] | None = None) -> float:

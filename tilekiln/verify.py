@@ -32,7 +32,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tilekiln.manifest import KernelInfo
+from tilekiln.spec import KernelRecord
 
 RECORD_SCHEMA = 1
 # bf16/fp16 rounding of the output alone is about 2e-3 relative; fp8 kernels are
@@ -102,16 +102,17 @@ def _poisoned(torch, shape, dtype):
     return torch.full((*shape[:-1], lead), float("nan"), device="cuda", dtype=dtype)[..., :shape[-1]]
 
 
-def _runs(torch, bundle, kernel: KernelInfo, gen):
+def _runs(torch, bundle, kernel: KernelRecord, gen):
     """(description, output, float64 reference) for each run of ``kernel``."""
-    a_dtype = kernel.dtypes[0]
+    cfg = kernel.config
+    a_dtype = cfg.dtypes.a.value
     fp8 = a_dtype in FP8
     dtype = getattr(torch, FP8[a_dtype] if fp8 else HALF.get(a_dtype, "float32"))
     scale_a, scale_b = (torch.tensor([s], device="cuda") for s in SCALES)
-    if kernel.dtypes[3] == "f32":
+    if cfg.dtypes.c.value == "f32":
         for m, n, k, split in SPLIT_SHAPES:
-            a = _matrix(torch, m, k, kernel.a_major == "k", 1, dtype, gen)[0]
-            b = _matrix(torch, k, n, kernel.b_major == "n", 1, dtype, gen)[0]
+            a = _matrix(torch, m, k, cfg.layout.a_k_major, 1, dtype, gen)[0]
+            b = _matrix(torch, k, n, not cfg.layout.b_k_major, 1, dtype, gen)[0]
             pin = f"{kernel.id}/splitk{split}"
             if fp8:
                 ref = (a.double() @ b.double()) * (SCALES[0] * SCALES[1])
@@ -125,8 +126,8 @@ def _runs(torch, bundle, kernel: KernelInfo, gen):
     for batch, m, n, k in SHAPES:
         if fp8 and batch != 1:
             continue  # scaled GEMMs are 2-D, as torch._scaled_mm's
-        a = _matrix(torch, m, k, kernel.a_major == "k", batch, dtype, gen)
-        b = _matrix(torch, k, n, kernel.b_major == "n", batch, dtype, gen)
+        a = _matrix(torch, m, k, cfg.layout.a_k_major, batch, dtype, gen)
+        b = _matrix(torch, k, n, not cfg.layout.b_k_major, batch, dtype, gen)
         what = f"{kernel.id} {batch}x{m}x{n}x{k}"
         if fp8:
             out = _poisoned(torch, (m, n), torch.bfloat16)
@@ -138,7 +139,7 @@ def _runs(torch, bundle, kernel: KernelInfo, gen):
             yield what, out, a.double() @ b.double()
 
 
-def verify_kernel(torch, bundle, kernel: KernelInfo, seed: int) -> KernelResult:
+def verify_kernel(torch, bundle, kernel: KernelRecord, seed: int) -> KernelResult:
     gen = torch.Generator(device="cuda").manual_seed(seed)
     worst, runs, failures = 0.0, 0, []
     for what, out, ref in _runs(torch, bundle, kernel, gen):
@@ -157,7 +158,7 @@ def verify(bundle, torch, seed: int | None = None, only: str | None = None) -> t
     results = [verify_kernel(torch, bundle, k, seed + k.index) for k in bundle.kernels
                if only is None or only in k.id]
     torch.cuda.synchronize()
-    cubins = {k["id"]: k["cubin"]["sha256"] for k in bundle.manifest.raw["kernels"]}
+    cubins = {k.id: k.cubin.sha256 for k in bundle.kernels}
     device = torch.cuda.get_device_name()
     record = {
         "sku": sku(device), "device": device,

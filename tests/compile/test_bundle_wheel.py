@@ -204,7 +204,7 @@ def test_inspect_lists_kernels_integrity_and_provenance(small_build, wheel, form
     assert [k["id"] for k in report["kernels"]] == [k["id"] for k in m["kernels"]]
     for k in report["kernels"]:
         assert k["cubin_bytes"] == len(cubins[k["id"]])
-        assert k["tile"] and k["cluster"] and k["registers"] > 0 and k["verification"] == "compile-verified"
+        assert k["config"]["tile"] and k["config"]["cluster"] and k["registers"] > 0 and k["verification"] == "compile-verified"
     assert report["provenance"]["git_commit"] == m["provenance"]["git_commit"]
     assert report["size"]["total_bytes"] == bundle_bytes(small_build.path)
     if form == "wheel":
@@ -214,7 +214,7 @@ def test_inspect_lists_kernels_integrity_and_provenance(small_build, wheel, form
     assert "integrity: ok" in text.output and m["provenance"]["git_commit"] in text.output
     for k in m["kernels"]:
         row = next(line for line in text.output.splitlines() if line.startswith(k["id"] + " "))
-        assert "x".join(map(str, k["tile"])) in row and str(k["resources"]["registers"]) in row
+        assert "x".join(map(str, k["config"]["tile"])) in row and str(k["resources"]["registers"]) in row
 
 
 def test_inspect_reports_a_damaged_bundle_and_fails(small_build, tmp_path):

@@ -52,7 +52,7 @@ def test_the_hint_lands_on_the_problems_operand(tmp_path):
     manifest = {k["id"]: k for k in json.loads((bundle / "manifest.json").read_text())["kernels"]}
     plain = "gemm_sm90_bf16_bf16_f32_bf16_tn_64x128x64_c2x1_pingpong"
     assert set(manifest) == {plain, f"{plain}_efb", "gemm_sm90_bf16_bf16_f32_bf16_tn_64x16x64_c2x1_swapab_efb"}
-    assert manifest[plain]["evict_first"] == [] and manifest[f"{plain}_efb"]["evict_first"] == ["b"]
+    assert manifest[plain]["config"]["evict_first"] == [] and manifest[f"{plain}_efb"]["config"]["evict_first"] == ["b"]
     loads = {r.kernel_id: hinted_loads(r.cubin) for r in result.bundles[0].records}
     assert loads[plain] == {"unicast": {False}, "multicast": {False}}
     assert loads[f"{plain}_efb"] == {"unicast": {False}, "multicast": {True}}

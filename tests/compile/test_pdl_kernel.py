@@ -58,7 +58,7 @@ def test_every_global_access_follows_the_grid_dependency_wait(tmp_path):
         # The wait sits in the code every thread runs, before any role branches off to exit.
         assert waits[0] < min(exits), kernel["id"]
         assert accesses and all(addr > waits[0] for addr, _ in accesses), (kernel["id"], accesses[:3])
-        if kernel["dtypes"]["a"] == "e4m3":
+        if kernel["config"]["dtypes"]["a"] == "e4m3":
             assert any(text.startswith("LDG") for _, text in accesses), "the scale reads should be plain loads"
         # One signal per role: the producer after its loads, the consumers after their stores.
         assert sum(text.startswith("PREEXIT") for _, text in code) == 2, kernel["id"]

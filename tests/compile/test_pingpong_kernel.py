@@ -31,7 +31,7 @@ def test_pingpong_kernel_compiles_with_its_own_epilogue_buffers(tmp_path):
     result = run_build(project, tmp_path / "artifacts", tmp_path / "cache", jobs=2)
     assert result.ok, [r.error for b in result.bundles for r in b.failed]
     manifest = json.loads((result.bundles[0].path / "manifest.json").read_text())
-    kernels = {k["schedule"]: k for k in manifest["kernels"]}
+    kernels = {k["config"]["schedule"]: k for k in manifest["kernels"]}
     ping, coop = kernels["pingpong"], kernels["cooperative"]
     assert ping["id"].endswith("_c2x1_pingpong")
     for k in (ping, coop):

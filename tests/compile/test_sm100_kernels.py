@@ -64,4 +64,4 @@ def test_kernel_compiles_to_tcgen05_for_its_target(sm100_build, arch):
     assert manifest["bundle"]["arch"] == arch
     (kernel,) = manifest["kernels"]
     assert kernel["resources"]["smem_bytes"] == record.ctx.plan.smem.total
-    assert kernel["cta_group"] == record.ctx.entry.config.cta_group
+    assert kernel["config"]["cta_group"] == record.ctx.entry.config.cta_group

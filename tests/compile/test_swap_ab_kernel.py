@@ -34,14 +34,14 @@ def test_swapped_kernels_compile_with_the_problems_arguments(tmp_path):
     assert result.ok, [r.error for b in result.bundles for r in b.failed]
     bundle = result.bundles[0].path
     manifest = json.loads((bundle / "manifest.json").read_text())
-    kernels = {k["dtypes"]["b"]: k for k in manifest["kernels"]}
+    kernels = {k["config"]["dtypes"]["b"]: k for k in manifest["kernels"]}
     bf16, fp8 = kernels["bf16"], kernels["e5m2"]
     assert bf16["id"] == "gemm_sm90_bf16_bf16_f32_bf16_tn_64x16x64_c2x1_swapab"
     assert fp8["id"] == "gemm_sm90_e4m3_e5m2_f32_bf16_tn_64x32x128_c1x1_swapab"
     # One 64-row warpgroup MMA per tile, wgmma of the right kind, nothing spilled,
     # and the transposed C^T sub-tiles go through stmatrix.
     for k, mma in ((bf16, "HGMMA"), (fp8, "QGMMA")):
-        assert k["swap_ab"] is True and k["threads"] == 256
+        assert k["config"]["swap_ab"] is True and k["threads"] == 256
         sass = k["resources"]["sass"]
         assert sass[mma] > 0 and sass["STSM"] > 0 and sass["LDL"] == sass["STL"] == 0
         assert not k["resources"]["spills"]
@@ -53,9 +53,8 @@ def test_swapped_kernels_compile_with_the_problems_arguments(tmp_path):
     source = (bundle / bf16["source"]["file"]).read_text()
     assert "SWAP_AB = True" in source and "C_LAYOUT = LayoutEnum.COL_MAJOR if SWAP_AB" in source
     # The runtime reads the flag back (it prices swapped kernels on the transposed problem);
-    # a schema 1.0 entry, which has no such key, is an unswapped kernel.
-    assert all(k.swap_ab for k in read_manifest(bundle).kernels)
+    # a config written before a field existed, which has no such key, takes the field's default.
+    assert all(k.config.swap_ab for k in read_manifest(bundle).kernels)
     for k in manifest["kernels"]:
-        del k["swap_ab"]
-    manifest["schema_version"] = "1.0"
-    assert not any(k.swap_ab for k in parse_manifest(json.dumps(manifest).encode(), "old", verify=False).kernels)
+        del k["config"]["swap_ab"]
+    assert not any(k.config.swap_ab for k in parse_manifest(json.dumps(manifest).encode(), "old", verify=False).kernels)

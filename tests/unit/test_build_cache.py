@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,7 +19,7 @@ from builder.cache import ContentCache, canonical_key
 from builder.compile import CompileJob
 from builder.objfile import EntryPoints
 from builder.publish import REPORT_NAME, bundle_is_current, publish_tree, remove_leftovers, tree_digests
-from builder.records import KernelRecord
+from builder.records import BuildRecord
 from builder.reproduce import compare_trees
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,8 +59,10 @@ def test_object_key_changes_with_each_component(component, monkeypatch):
     assert object_key(job) != before
 
 
-def _records(*objects: bytes) -> list[KernelRecord]:
-    return [KernelRecord(f"k{i}", "sm_90a", "compiled", 0.0, object_bytes=o,
+def _records(*objects: bytes) -> list[BuildRecord]:
+    # Linking reads only a record's family from its context.
+    ctx = SimpleNamespace(entry=SimpleNamespace(config=SimpleNamespace(family="gemm")))
+    return [BuildRecord(f"k{i}", "sm_90a", "compiled", 0.0, ctx=ctx, object_bytes=o,
                          entry=EntryPoints(f"tk_{i}", f"init{i}", f"load{i}", f"launch{i}"))
             for i, o in enumerate(objects)]
 

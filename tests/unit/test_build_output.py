@@ -19,7 +19,7 @@ from builder.cubin import CubinInfo
 from builder.diagnostics import DiagnosticError
 from builder.merge import _common_selection
 from builder.progress import BuildProgress
-from builder.records import KernelRecord
+from builder.records import BuildRecord
 from builder.report import print_build_result, print_outcome
 from builder.shard import SHARD_FILE, SHARD_SCHEMA, load_shards
 from builder.toolchain import ToolchainError
@@ -84,8 +84,8 @@ def test_no_progress_prints_nothing(capsys):
 
 def test_the_table_is_not_cut_in_a_narrow_log(tmp_path):
     info = CubinInfo("sm_90a", 168, 0, 0, 0, (("HGMMA", 4),))
-    records = (KernelRecord(LONG_ID, "sm_90a", "compiled", 1.23, cubin=b"x" * 100, info=info),
-               KernelRecord(LONG_ID.replace("c2x1", "c1x1"), "sm_90a", "failed", 0.4,
+    records = (BuildRecord(LONG_ID, "sm_90a", "compiled", 1.23, cubin=b"x" * 100, info=info),
+               BuildRecord(LONG_ID.replace("c2x1", "c1x1"), "sm_90a", "failed", 0.4,
                             error="RuntimeError: [bold]deliberate[/bold]\nsecond line\n" + "more\n" * 20))
     result = BuildResult((BundleResult("sm90a", "sm_90a", records, None, tmp_path / "r.json"),))
     out = io.StringIO()
@@ -168,7 +168,7 @@ def _outcome(result: BuildResult, seconds: float) -> list[str]:
 
 def _bundle(tmp_path: Path, statuses: tuple[str, ...], unchanged: bool) -> BundleResult:
     info = CubinInfo("sm_90a", 168, 0, 0, 0, (("HGMMA", 4),))
-    records = tuple(KernelRecord(f"{LONG_ID}_s{i + 2}", "sm_90a", status, 1.0, cubin=b"x", info=info,
+    records = tuple(BuildRecord(f"{LONG_ID}_s{i + 2}", "sm_90a", status, 1.0, cubin=b"x", info=info,
                                  error="deliberate" if status == "failed" else "")
                     for i, status in enumerate(statuses))
     return BundleResult("sm90a", "sm_90a", records, tmp_path / "sm90a", tmp_path / "sm90a" / "r.json",

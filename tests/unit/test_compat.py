@@ -17,7 +17,8 @@ import tilekiln
 from tilekiln.bundle import Bundle, DeviceInfo
 from tilekiln.compat import arch_runs_on, device_needs
 from tilekiln.errors import BundleCompatibilityError, BundleIntegrityError
-from tilekiln.manifest import ABI_VERSION, SUPPORTED_SCHEMA_MAJOR, manifest_digest
+from tilekiln.manifest import ABI_VERSION, SUPPORTED_SCHEMA_MAJOR, DriverFloor, manifest_digest
+from tests.records import manifest
 
 
 def write_bundle(base: Path, arch: str, kind: str, cc: tuple[int, int], **overrides) -> Path:
@@ -25,14 +26,10 @@ def write_bundle(base: Path, arch: str, kind: str, cc: tuple[int, int], **overri
     directory = base / name
     (directory / "lib").mkdir(parents=True)
     (directory / "lib" / "lib.so").write_bytes(b"")
-    data = {
-        "schema_version": f"{SUPPORTED_SCHEMA_MAJOR}.0",
-        "bundle": {"name": name, "version": "0.1.0", "arch": arch, "arch_kind": kind,
-                   "compute_capability": list(cc), "abi_version": ABI_VERSION},
-        "library": "lib/lib.so",
-        "files": {"lib/lib.so": hashlib.sha256(b"").hexdigest()},
-        "kernels": [],
-    }
+    data = manifest().plain()
+    data["bundle"].update(name=name, arch=arch, arch_kind=kind, compute_capability=list(cc))
+    data.update(schema_version=f"{SUPPORTED_SCHEMA_MAJOR}.0", library="lib/lib.so",
+                files={"lib/lib.so": hashlib.sha256(b"").hexdigest()})
     data.update(overrides)
     data["integrity"] = {"manifest_sha256": manifest_digest(data)}
     (directory / "manifest.json").write_text(json.dumps(data))
@@ -171,11 +168,7 @@ FLOOR = {"cuda_version": 13000, "linux_driver": "580.65.06"}
 def test_an_older_driver_is_refused_with_both_versions_and_the_fix(tmp_path, monkeypatch):
     from tilekiln import _driver
 
-    bundle_dir = write_bundle(tmp_path, "sm_90a", "a", (9, 0), schema_version=f"{SUPPORTED_SCHEMA_MAJOR}.3")
-    data = json.loads((bundle_dir / "manifest.json").read_text())
-    data["bundle"]["driver_requires"] = FLOOR
-    data["integrity"] = {"manifest_sha256": manifest_digest(data)}
-    (bundle_dir / "manifest.json").write_text(json.dumps(data))
+    bundle_dir = write_bundle(tmp_path, "sm_90a", "a", (9, 0))
     monkeypatch.setattr(_driver, "driver_version", lambda: 12040)
     with pytest.raises(BundleCompatibilityError) as info:
         tilekiln.load(bundle_dir)
@@ -184,4 +177,4 @@ def test_an_older_driver_is_refused_with_both_versions_and_the_fix(tmp_path, mon
     assert "Update the NVIDIA driver to 580.65.06 or newer" in message
     for installed in (13000, 13020, None):  # the floor itself, a newer driver, no driver (inspection only)
         monkeypatch.setattr(_driver, "driver_version", lambda v=installed: v)
-        assert Bundle.open(bundle_dir).manifest.driver_requires == FLOOR
+        assert Bundle.open(bundle_dir).manifest.bundle.driver_requires == DriverFloor(**FLOOR)

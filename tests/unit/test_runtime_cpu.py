@@ -12,10 +12,10 @@ import pytest
 from tilekiln._tensors import Operand
 from tilekiln.errors import NoKernelError
 from tilekiln.bundle import Bundle, DeviceInfo
-from tilekiln.manifest import ABI_VERSION, Contract, KernelInfo, Manifest
 from tilekiln.problem import make_problem
 from tilekiln.select import bucket_ceiling, check_kernel, choose, estimate, nominal_clusters, shape_bucket
 from tilekiln.splitk import label, parse_label, sliced
+from tests.records import kernel_record, manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,10 +31,8 @@ def op(name, shape, strides=None, dtype="bf16", ptr=0x10000, device=0):
 
 
 def kernel(index, tile, cluster=(1, 1), a="k", b="k", dtype="bf16", div=8, swap_ab=False):
-    return KernelInfo(index, f"k{index}_{a}{b}_{tile[0]}x{tile[1]}_c{cluster[0]}x{cluster[1]}",
-                      (dtype, dtype, "f32", dtype), a, b, tile, cluster, "cooperative", 4,
-                      Contract(16, (div, div, div), 2**31 - 1), 168, 200000, 24000, "compile-verified", 384, 199000,
-                      swap_ab)
+    return kernel_record(index, f"k{index}_{a}{b}_{tile[0]}x{tile[1]}_c{cluster[0]}x{cluster[1]}", tile, cluster,
+                         a, b, (dtype, dtype, "f32", dtype), div, swap_ab)
 
 
 # -- problem mapping ----------------------------------------------------------------------------
@@ -91,7 +89,6 @@ def test_zero_k_needs_no_layout():
     (op("a", (8, 8)), op("b", (8, 8)), op("out", (8, 4)), ValueError, "out: shape"),
     (op("a", (8, 8)), op("b", (8, 8)), op("out", (8, 8), dtype="f16"), TypeError, "out: dtype"),
     (op("a", (8, 8)), op("b", (8, 8)), op("out", (8, 8), (1, 8)), ValueError, "row-major"),
-    (op("a", (2**31, 8)), op("b", (8, 8)), None, ValueError, "32-bit index range"),
 ])
 def test_input_errors_name_argument_and_requirement(a, b, out, exc, text):
     with pytest.raises(exc, match=text):
@@ -128,7 +125,7 @@ def test_large_square_prefers_the_largest_multicast_tile():
 def test_wave_quantisation_prefers_smaller_tiles_for_skinny_problems():
     # 128 x 2048: 8 tiles of 128x256 leave 124 of 132 SMs idle; 64x128 tiles make 32.
     choice = choose(KERNELS, tn(128, 2048, 8192), sm_count=132, tuning={})
-    assert choice.kernel.tile[1] < 256
+    assert choice.kernel.config.tile.n < 256
     assert estimate(KERNELS[3], tn(128, 2048, 8192), 132) < estimate(KERNELS[0], tn(128, 2048, 8192), 132)
 
 
@@ -169,9 +166,7 @@ def test_bucket_ceilings_step_by_half_octaves():
 # -- split-K --------------------------------------------------------------------------------------
 
 def partial_kernel(index, tile):
-    k = kernel(index, tile)
-    return KernelInfo(k.index, f"p{index}_{tile[0]}x{tile[1]}", ("bf16", "bf16", "f32", "f32"), "k", "k", tile,
-                      (1, 1), "cooperative", 4, k.contract, 168, 200000, 24000, "compile-verified", 384, 199000)
+    return kernel_record(index, f"p{index}_{tile[0]}x{tile[1]}", tile, dtypes=("bf16", "bf16", "f32", "f32"))
 
 
 def test_k_slices_are_batch_views_of_the_operands():
@@ -211,8 +206,7 @@ def test_model_splits_a_deep_problem_with_too_few_tiles():
 
 def test_a_split_k_pin_needs_torch_tensors(tmp_path):
     kernels = (*KERNELS, partial_kernel(6, (64, 128, 64)))
-    manifest = Manifest("sm90a", "0.1.0", "sm_90a", "a", (9, 0), ABI_VERSION, "lib/lib.so", kernels, (), (), {})
-    bundle = Bundle(tmp_path, manifest, device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+    bundle = Bundle(tmp_path, manifest(kernels), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
     a, b = op("a", (16, 8192)), op("b", (8192, 8192), (1, 8192))
     out = op("out", (16, 8192))
     with pytest.raises(TypeError, match="split-K runs sum their partials through torch; pass torch tensors"):
@@ -232,8 +226,7 @@ def test_explain_says_what_the_backward_gemms_run_on(tmp_path):
     """dA = dC·Bᵀ and dB = Aᵀ·dC for a contiguous dC: a kernel where one takes the layout,
     torch.matmul (and why) where none does."""
     kernels = (*KERNELS, kernel(6, (128, 128, 64), b="n"), kernel(7, (128, 128, 64), a="m", b="n"))
-    manifest = Manifest("sm90a", "0.1.0", "sm_90a", "a", (9, 0), ABI_VERSION, "lib/lib.so", kernels, (), (), {})
-    bundle = Bundle(tmp_path, manifest, device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+    bundle = Bundle(tmp_path, manifest(kernels), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
     a, w = op("a", (256, 512)), op("w", (512, 384), (1, 512))
     lines = bundle._explain_backward(a, w, make_problem(a, w, None))
     assert [line.split(":")[0] for line in lines] == ["backward dA = dC·Bᵀ", "backward dB = Aᵀ·dC"]
@@ -248,6 +241,13 @@ def test_explain_lists_choice_and_rejections():
     text = str(choose(KERNELS, tn(1024, 1024, 1024), 132, {}))
     assert text.startswith("chosen: ")
     assert text.count("reject") == 2 and "layout" in text and "dtype" in text
+
+
+def test_extents_past_a_kernels_index_range_are_rejected_by_its_contract():
+    """The plan block's extents are int32 (tilekiln/spec.py, MAX_EXTENT): a kernel refuses more."""
+    p = make_problem(op("a", (2**31, 8)), op("b", (8, 8), (1, 8)), None)
+    assert check_kernel(KERNELS[0], p) == "extent: M = 2147483648 exceeds the kernel's index range (2147483647)"
+    assert choose(KERNELS, p, 132, {}).kernel is None
 
 
 def test_no_kernel_lists_every_rejection(tmp_path):
@@ -491,12 +491,12 @@ def test_graph_blocks_replay_about_as_many_launches_as_eager_blocks(monkeypatch)
 
 
 def test_walk_groups_join_kernels_that_differ_only_in_their_raster_walk():
-    from dataclasses import replace
-
     from tilekiln import tune
+    from tilekiln.spec import Raster
 
     base = kernel(0, (128, 256, 64), (2, 1))
-    walks = [replace(base, index=i + 1, id=f"{base.id}_r{raster}_sw{sw}", raster=raster, swizzle=sw)
+    walks = [replace(base, index=i + 1, id=f"{base.id}_r{raster}_sw{sw}",
+                     config=replace(base.config, raster=Raster(raster), swizzle=sw))
              for i, (raster, sw) in enumerate([("m", 4), ("m", 8), ("m", 16), ("n", 8)])]
     other_cluster = kernel(9, (128, 256, 64), (1, 1))
     other_stages = replace(base, index=10, id=base.id + "_s5", stages=5)
@@ -576,7 +576,8 @@ def test_a_verification_run_replaces_only_its_own_card_models_record():
 
 
 def test_explain_says_whether_the_chosen_kernel_ran_on_hardware():
-    verified = replace(KERNELS[0], verified_on=("H100 80GB HBM3", "H200"))
+    k = KERNELS[0]
+    verified = kernel_record(k.index, k.id, (128, 256, 64), verified_on=("H100 80GB HBM3", "H200"))
     text = str(choose((verified,), tn(1024, 1024, 1024), 132, {}))
     assert text.splitlines()[0] == f"chosen: {verified.id} (model; hardware-verified on H100 80GB HBM3, H200)"
     assert "(model; compile-verified)" in str(choose(KERNELS[:1], tn(1024, 1024, 1024), 132, {}))

@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import tilekiln
 from tilekiln.bundle import Bundle, DeviceInfo
-from tilekiln.manifest import ABI_VERSION, Manifest
+from tests.records import manifest
 
 BF16, E4M3 = torch.bfloat16, torch.float8_e4m3fn
 
@@ -28,8 +28,7 @@ BF16, E4M3 = torch.bfloat16, torch.float8_e4m3fn
 @pytest.fixture
 def bundle(tmp_path: Path) -> Bundle:
     """A bundle object for the operators to name; tracing never opens its library."""
-    manifest = Manifest("sm90a", "0.1.0", "sm_90a", "a", (9, 0), ABI_VERSION, "lib/lib.so", (), (), (), {})
-    return Bundle(tmp_path, manifest, device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+    return Bundle(tmp_path, manifest(), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
 
 
 class Graphs:

@@ -1,0 +1,37 @@
+"""Manifest records for runtime tests without a built bundle: kernels and bundles as the builder
+would describe them (tilekiln/spec.py, tilekiln/manifest.py), with made-up resources."""
+
+from __future__ import annotations
+
+from tilekiln.manifest import ABI_VERSION, BundleInfo, DriverFloor, Manifest, Provenance, TuningTable
+from tilekiln.spec import (MAX_EXTENT, Blob, CatalogRef, Cluster, Contract, DType, DTypes, KernelRecord, Layout,
+                           Resources, Symbols, TemplateRef, Tile, Verified)
+
+
+def kernel_record(index: int, kernel_id: str, tile: tuple[int, int, int], cluster=(1, 1), a: str = "k",
+                  b: str = "k", dtypes: tuple[str, str, str, str] = ("bf16", "bf16", "f32", "bf16"), div: int = 8,
+                  swap_ab: bool = False, verified_on: tuple[str, ...] = ()) -> KernelRecord:
+    """An sm90 kernel record; ``a``/``b`` are the operands' majorness as the runtime spells it."""
+    from tilekiln.spec import KernelConfig
+
+    config = KernelConfig(pipeline="sm90", dtypes=DTypes(*(DType(t) for t in dtypes)),
+                          layout=Layout(a_k_major=a == "k", b_k_major=b == "k"), tile=Tile(*tile),
+                          cluster=Cluster(*cluster), swap_ab=swap_ab)
+    return KernelRecord(
+        index=index, id=kernel_id, config=config, stages=4, threads=384,
+        contract=Contract(16, (div, div, div), MAX_EXTENT),
+        resources=Resources(168, 200000, 1024, 0, 0, False, {}), cubin=Blob("0" * 64, 24000),
+        source=Blob("0" * 64, 1000, f"sources/{kernel_id}.py.txt"), symbols=Symbols("p", "i", "l", "r"),
+        catalog=CatalogRef("catalog/gemm/sm90.yaml", index), template=TemplateRef("sm90_gemm", "0" * 64),
+        verified_on=tuple(Verified(sku, "2026-12-06", "580.159.04", 0.003) for sku in verified_on))
+
+
+def manifest(kernels: tuple[KernelRecord, ...] = (), tuning: dict[str, str] | None = None) -> Manifest:
+    """An sm_90a bundle's manifest holding ``kernels``."""
+    return Manifest(
+        schema_version="2.0",
+        bundle=BundleInfo("sm90a", "0.1.0", "sm_90a", "a", (9, 0), ABI_VERSION, ">=0.2,<0.3",
+                          DriverFloor(13000, "580.65.06"), "2.28"),
+        library="lib/lib.so", files=(("lib/lib.so", "0" * 64),), kernels=tuple(kernels), toolchain=(),
+        provenance=Provenance("unknown", "x86_64-linux", ()),
+        tuning=TuningTable("test", tuple(sorted(tuning.items()))) if tuning else None)
