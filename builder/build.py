@@ -42,7 +42,7 @@ from builder.parallel import Executor
 from builder.paths import display_path
 from builder.platform_tag import GlibcTarget, platform_tag
 from builder.progress import BuildProgress
-from builder.publish import REPORT_NAME, bundle_is_current, bundle_output, publish_failure_report, write_atomic
+from builder.publish import REPORT_NAME, bundle_is_current, bundle_output, publish_failure_report
 from builder.records import BuildRecord, record_from_meta
 from builder.render import render_kernel
 from builder.rules import KernelContext
@@ -50,6 +50,7 @@ from builder.shard import write_shard
 from builder.toolchain import compiler_fingerprint, inspector_fingerprint, toolchain
 from builder.validate import Project, Validation, validate_project
 from builder.yamlsrc import load_yaml
+from tilekiln._files import write_atomic
 
 # Bump when compile.py changes what it feeds the DSL or how it exports.
 # 2: workers drop the caller's CUTE_DSL_* variables; results carry the toolchain.

@@ -35,7 +35,8 @@ from typing import Iterator, Mapping
 
 from filelock import FileLock
 
-from builder.fsutil import fsync_dir, remove_path, write_synced
+from builder.fsutil import fsync_dir, remove_path
+from tilekiln._files import write_synced
 
 SCHEMA = 1
 

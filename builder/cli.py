@@ -151,13 +151,13 @@ def schema(out: str | None, kind: str) -> None:
     first line of a catalog file: ``# yaml-language-server: $schema=<path>``
     (docs/catalog.md).
     """
-    from builder.atomic import write_text_atomic
+    from tilekiln._files import write_atomic
     from builder.schemas import schema_of
 
     text = json.dumps(schema_of(kind), indent=2) + "\n"
     if out:
         try:
-            write_text_atomic(Path(out), text)
+            write_atomic(Path(out), text)
         except OSError as exc:
             raise click.UsageError(f"--out {out}: cannot write ({exc.strerror})") from None
     else:

@@ -58,7 +58,7 @@ def print_inspect(a: Artifact, console: Console) -> None:
     console.print(f"{m.name} {m.version}: {m.arch} ({_kind(m.arch_kind)}, compute capability "
                   f"{m.compute_capability[0]}.{m.compute_capability[1]}), {len(m.kernels)} kernels; {a.kind} {a.path}")
     console.print(f"manifest schema {m.schema_version}, library ABI {b.abi_version}, "
-                  f"runtime tilekiln-runtime{b.runtime_requires}, driver for CUDA "
+                  f"runtime {RUNTIME_DISTRIBUTION}{b.runtime_requires}, driver for CUDA "
                   f"{b.driver_requires.cuda_version // 1000}.{b.driver_requires.cuda_version % 1000 // 10} "
                   f"(Linux {b.driver_requires.linux_driver}) or newer, glibc {b.glibc}")
     if a.wheel:

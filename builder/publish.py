@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import uuid
@@ -29,7 +28,8 @@ from typing import Iterator, Mapping
 from filelock import FileLock
 
 from builder.bundle import BundleFile, manifest_bytes, swap_into_place
-from builder.fsutil import remove_path, write_synced
+from builder.fsutil import remove_path
+from tilekiln._files import write_atomic, write_synced
 from tilekiln.manifest import MANIFEST_NAME
 
 REPORT_NAME = "build-report.json"
@@ -142,15 +142,6 @@ def remove_leftovers(final: Path) -> int:
     return removed
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` in one rename; a reader sees the old or the new file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    try:
-        write_synced(tmp, data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 

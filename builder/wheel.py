@@ -30,9 +30,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
-import os
 import re
-import uuid
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +38,7 @@ from pathlib import Path
 from builder import __version__
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.platform_tag import GlibcTarget, PlatformTag, platform_tag
+from tilekiln._files import write_atomic
 from tilekiln.discovery import ENTRY_POINT_GROUP
 from tilekiln.errors import BundleError
 from tilekiln.manifest import MANIFEST_NAME, Manifest, read_manifest
@@ -132,17 +131,8 @@ def package_bundle(bundle_dir: Path, out_dir: Path, max_size: int) -> tuple[Path
             "wheel_size_limit in catalog/catalog.yaml (PyPI refuses files over 100 MB by default)",
             facts={"wheel_bytes": wheel.size, "limit_bytes": max_size,
                    "breakdown": {r.part: r.wheel_bytes for r in wheel.rows}}), wheel.rows)
-    out_dir.mkdir(parents=True, exist_ok=True)
     final = out_dir / wheel.filename
-    tmp = out_dir / f".{wheel.filename}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(wheel.data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomic(final, wheel.data)
     return final, wheel
 
 

@@ -37,14 +37,13 @@ import argparse
 import functools
 import json
 import math
-import os
 import statistics
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
+from tilekiln._files import write_atomic
 from tilekiln.manifest import MANIFEST_NAME, manifest_digest
 from tilekiln.spec import KernelRecord
 from tilekiln.splitk import parse_label
@@ -522,18 +521,10 @@ def write_table(bundle_dir: Path, table: dict[str, dict], device: str) -> dict:
     manifest["tuning"] = {"device": device, "table": dict(sorted(merged.items())),
                           "measurements": dict(sorted(details.items()))}
     manifest["integrity"] = {"manifest_sha256": manifest_digest(manifest)}
-    _atomic_write(path, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    write_atomic(path, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest["tuning"]
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -580,7 +571,7 @@ def _finish(args, table: dict[str, dict], device: str) -> None:
 def _write(args, table: dict[str, dict], device: str) -> None:
     tuning = write_table(args.bundle, table, device)
     if args.table_out is not None:
-        _atomic_write(args.table_out, json.dumps(tuning, indent=2, sort_keys=True) + "\n")
+        write_atomic(args.table_out, json.dumps(tuning, indent=2, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tilekiln._files import write_atomic
 from tilekiln.spec import KernelRecord
 
 RECORD_SCHEMA = 1
@@ -193,18 +194,6 @@ def _read_existing(path: Path, bundle: str) -> dict | None:
     return data
 
 
-def _write(path: Path, data: dict) -> None:
-    """Replace ``path`` in one rename, so an interrupted run leaves the old file whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -231,7 +220,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{len(results) - len(failed)} of {len(results)} kernels verified on {record['sku']} "
           f"(driver {record['driver']}, seed {record['seed']})", file=sys.stderr)
     if args.out is not None:
-        _write(args.out, merge_record(_read_existing(args.out, bundle.name), bundle.name, record))
+        write_atomic(args.out, json.dumps(merge_record(_read_existing(args.out, bundle.name), bundle.name, record),
+                                          indent=2, sort_keys=True) + "\n")
         print(f"wrote {args.out}", file=sys.stderr)
     if failed:
         raise SystemExit(1)
