@@ -24,10 +24,10 @@ test: $(STAMP)
 
 # dist/: the runtime wheel (tilekiln_runtime-<version>-py3-none-any.whl), the build tool's
 # (tilekiln_build-<version>-py3-none-any.whl) and one wheel per bundle under artifacts/.
-# build/ and runtime/build/ are setuptools' scratch trees; stale files there would end up
-# in a wheel.
+# build/ and runtime/build/ are setuptools' scratch trees, whose stale files would end up in a
+# wheel; dist/ starts empty, so it holds this release's wheels and no older ones.
 wheel: build-kernels
-	rm -rf build runtime/build
+	rm -rf build runtime/build dist
 	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir dist ./runtime .
 	$(BIN)/tilekiln package artifacts/*/ --out dist
 
