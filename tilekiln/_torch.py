@@ -31,6 +31,7 @@ reads, the current raw stream handle (the private
 from __future__ import annotations
 
 import contextlib
+from typing import Callable
 
 import torch
 
@@ -125,6 +126,11 @@ def _allocate(shape: tuple[int, ...], k: int, dtype: torch.dtype, device) -> tor
     return torch.empty_strided(shape, result_strides(shape, k, dtype.itemsize), dtype=dtype, device=device)
 
 
+# Per requested spec field (tilekiln/spec.py, FieldSpec.requested), how torch applies it to a
+# GEMM's result where no kernel computes it (Plan.unfused): its definition, in torch.
+UNFUSED: dict[str, Callable[[object, Tensor], Tensor]] = {}
+
+
 def _refuse_out_with_grad(name: str, out, *inputs) -> None:
     if out is not None and _grad_enabled() and any(t.requires_grad for t in inputs):
         raise RuntimeError(f"{name}(): functions with out=... arguments don't support automatic "
@@ -180,23 +186,27 @@ def _gemm_node(ref: str, a: Tensor, b: Tensor, out: Tensor | None, kernel: str):
 # -- the hot path ----------------------------------------------------------------------------------
 
 
-def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, kernel=None):
-    """``bundle.gemm`` for torch tensors, written out in one function.
+def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, kernel=None, requested=()):
+    """``bundle.gemm`` for torch tensors, written out in one function. ``requested``: the epilogue
+    the call asks for (GemmProblem.requested); what no kernel computes, torch applies after it.
 
     A cached call costs the signature key, one dictionary look-up, three pointer
     reads, the current stream, one 6-field pack into the thread's call block and
     one ctypes call.
     """
     if out is None:
-        key = (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype, b.get_device(), kernel)
+        key = (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype, b.get_device(), kernel,
+               requested)
     else:
         key = (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype, b.get_device(), kernel,
-               out.shape, out.stride(), out.dtype, out.get_device())
+               requested, out.shape, out.stride(), out.dtype, out.get_device())
     plan = bundle._plans.get(key)
     if plan is None:
         plan = bundle.plan(describe(a, "a"), describe(b, "b"), None if out is None else describe(out, "out"),
-                           kernel, allow_split=True)
+                           kernel, allow_split=True, requested=requested)
         bundle.remember(key, plan)
+    if plan.unfused:
+        return _unfused(plan, bundle, a, b, out, stream, kernel)
     if out is None:
         out = _allocate(plan.problem.out_shape, plan.problem.k, a.dtype, a.device)
     block = plan.block
@@ -219,6 +229,18 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
     status = lib.run["gemm"](block, buf)
     if status:
         raise LaunchError(plan.kernel_id, lib.error_name(status), lib.error_string(status))
+    return out
+
+
+def _unfused(plan, bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, kernel):
+    """The plain GEMM on a kernel, then the requested epilogue no kernel computes, in torch."""
+    result = run_gemm(bundle, a, b, None, stream, kernel)
+    with _on_stream(stream, a.get_device()):
+        for name, value in plan.unfused:
+            result = UNFUSED[name](value, result)
+        if out is None:
+            return result
+        out.copy_(result)
     return out
 
 

@@ -25,7 +25,7 @@ from tilekiln.errors import BundleError, LaunchError, NoKernelError
 from tilekiln.manifest import Manifest, read_manifest
 from tilekiln.spec import KernelRecord
 from tilekiln.problem import GemmProblem, make_problem
-from tilekiln.select import Choice, choose, nominal_clusters
+from tilekiln.select import Choice, choose, choose_fused, nominal_clusters
 from tilekiln.splitk import SPLITS, parse_label
 
 
@@ -47,6 +47,9 @@ class Plan:
     run: GemmProblem | None = None  # what the kernel runs: the problem itself, or its K slices
     family: str = ""  # the kernel's family: which tk_run_<family> and call block launch it
     align_mask: int = 0  # the kernel's contract: base alignment - 1, checked against every pointer
+    # Requested fields (GemmProblem.requested) no kernel computes: the torch path applies them
+    # after the kernel, unfused, e.g. (("activation", "silu"),).
+    unfused: tuple[tuple[str, object], ...] = ()
 
 
 DeviceQuery = Callable[[int], DeviceInfo]
@@ -234,12 +237,18 @@ class Bundle:
     # -- planning ------------------------------------------------------------------------------
 
     def plan(self, a: Operand, b: Operand, out: Operand | None, kernel: str | None = None,
-             out_dtype: str | None = None, allow_split: bool = False) -> Plan:
-        """Validate the operands and choose; ``allow_split``: the caller can sum split-K partials."""
-        problem = make_problem(a, b, out, out_dtype)
+             out_dtype: str | None = None, allow_split: bool = False,
+             requested: tuple[tuple[str, object], ...] = ()) -> Plan:
+        """Validate the operands and choose; ``allow_split``: the caller can sum split-K partials.
+        ``requested`` (GemmProblem.requested) that no kernel computes is left to the caller
+        (``Plan.unfused``), never dropped."""
+        problem = make_problem(a, b, out, out_dtype, requested)
         if problem.empty or problem.k == 0:
-            return Plan(problem, "", None)
-        choice = self.choose(problem, kernel, allow_split)
+            return Plan(problem, "", None, unfused=requested)
+        if kernel is None:
+            choice, unfused = choose_fused(lambda p: self.choose(p, None, allow_split), problem)
+        else:
+            choice, unfused = self.choose(problem, kernel, allow_split), ()
         if choice.kernel is None:
             raise NoKernelError(f"bundle {self.name} has no kernel for {problem.dtype} "
                                 f"{list(a.shape)} @ {list(b.shape)}:\n{choice}")
@@ -254,7 +263,7 @@ class Bundle:
         strides = tuple(s for t in family.tensors for s in (getattr(run, t.name).lead, getattr(run, t.name).batch))
         static = (*strides, *(run.extent(e) for e in family.extents), clusters)
         return Plan(problem, choice.label, NativeLibrary.plan_block(family, k.index, problem.device, static),
-                    choice.split, run, family.name, k.contract.base_alignment - 1)
+                    choice.split, run, family.name, k.contract.base_alignment - 1, unfused)
 
     def remember(self, key: tuple, plan: Plan) -> None:
         """Cache a plan; a process that sees very many distinct shapes starts over
@@ -275,21 +284,30 @@ class Bundle:
         return choose(kernels, problem, self.device(device).sm_count, self._tuning, splits,
                       lambda k: self.resident_clusters(k, device))
 
-    def explain(self, a, b, out=None, out_dtype: str | None = None, backward: bool | None = None) -> Choice:
+    def explain(self, a, b, out=None, out_dtype: str | None = None, backward: bool | None = None,
+                requested: tuple[tuple[str, object], ...] = ()) -> Choice:
         """Which kernel would run for these operands, and why each other one would not.
 
         ``out_dtype`` (a dtype token such as ``"bf16"``) explains a scaled fp8 GEMM.
         ``backward`` adds what the two GEMMs of the gradient (dA = dC·Bᵀ, dB = Aᵀ·dC,
         for a contiguous dC) run on; by default when ``a`` or ``b`` requires grad.
+        ``requested``: the fused epilogue asked for; where no kernel computes it, the choice
+        is the plain GEMM's and a note says torch applies the rest.
         """
         a_op, b_op = describe(a, "a"), describe(b, "b")
-        problem = make_problem(a_op, b_op, describe(out, "out") if out is not None else None, out_dtype)
-        choice = self.choose(problem, allow_split=is_torch_tensor(a) and is_torch_tensor(b))
+        problem = make_problem(a_op, b_op, describe(out, "out") if out is not None else None, out_dtype,
+                               requested)
+        split = is_torch_tensor(a) and is_torch_tensor(b)
+        choice, unfused = choose_fused(lambda p: self.choose(p, allow_split=split), problem)
+        if unfused:
+            rest = ", ".join(f"{name} {value}" for name, value in unfused)
+            choice = replace(choice, notes=(f"unfused: no kernel computes {rest}; torch applies it after "
+                                            f"{choice.label}",))
         if backward is None:
             backward = any(getattr(t, "requires_grad", False) for t in (a, b))
         if not backward or out_dtype is not None:
             return choice
-        return replace(choice, notes=self._explain_backward(a_op, b_op, problem))
+        return replace(choice, notes=choice.notes + self._explain_backward(a_op, b_op, problem))
 
     def _explain_backward(self, a: Operand, b: Operand, problem: GemmProblem) -> tuple[str, ...]:
         grad = Operand("grad", problem.out_shape, contiguous_strides(problem.out_shape), problem.out_dtype, 0,

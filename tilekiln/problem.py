@@ -11,6 +11,7 @@ leading dimensions are kept. Every rejection raises ``ValueError`` or
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from tilekiln._tensors import Operand
@@ -41,6 +42,9 @@ class GemmProblem:
     out_shape: tuple[int, ...]
     device: int
     fold_batch: bool  # a 3-D A times a 2-D B computed as one (L*M) x K GEMM
+    # What the call asks the kernel to compute beyond the product, by spec field
+    # (tilekiln/spec.py, FieldSpec.requested): (field, value as the manifest spells it).
+    requested: tuple[tuple[str, object], ...] = ()
 
     @property
     def family(self) -> str:
@@ -135,8 +139,14 @@ def result_shape(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[tu
     return (max(la or 1, lb or 1), m, n), k
 
 
-def make_problem(a: Operand, b: Operand, out: Operand | None, out_dtype: str | None = None) -> GemmProblem:
-    """``out_dtype`` None: torch.matmul (same dtype in and out); else a scaled fp8 GEMM."""
+def make_problem(a: Operand, b: Operand, out: Operand | None, out_dtype: str | None = None,
+                 requested: tuple[tuple[str, object], ...] = ()) -> GemmProblem:
+    """``out_dtype`` None: torch.matmul (same dtype in and out); else a scaled fp8 GEMM.
+    ``requested``: the epilogue the call asks for (GemmProblem.requested)."""
+    return dataclasses.replace(_make_problem(a, b, out, out_dtype), requested=requested)
+
+
+def _make_problem(a: Operand, b: Operand, out: Operand | None, out_dtype: str | None) -> GemmProblem:
     out_shape, k = result_shape(a.shape, b.shape)
     if out_dtype is None:
         if a.dtype != b.dtype:

@@ -24,11 +24,11 @@ their sliced estimate.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from tilekiln.problem import GemmProblem
-from tilekiln.spec import KernelRecord
+from tilekiln.spec import KernelRecord, requested_fields
 from tilekiln.splitk import PARTIAL_DTYPE, SPLIT_OVERHEAD, label, sliced
 
 # The model's reuse term: tile intensity m*n/(m+n) over itself plus this
@@ -109,6 +109,11 @@ def check_kernel(kernel: KernelRecord, problem: GemmProblem) -> str | None:
     have = (cfg.dtypes.a.value, cfg.dtypes.b.value, cfg.dtypes.c.value)
     if want != have:
         return f"dtype: kernel computes {have[0]}/{have[1]}->{have[2]}, the call needs {problem.dtype}"
+    asked = dict(problem.requested)
+    for f, spec in requested_fields():
+        want, have = asked.get(f.name, spec.codec.plain(f.default)), spec.codec.plain(getattr(cfg, f.name))
+        if want != have:
+            return f"{f.name}: kernel computes {have}, the call asks for {want}"
     a_major, b_major, _ = cfg.layout.majors
     if a_major != problem.a.major:
         return f"layout: kernel wants A {a_major}-major, a is {problem.a.major}-major"
@@ -179,3 +184,14 @@ def choose(kernels: tuple[KernelRecord, ...], problem: GemmProblem, sm_count: in
     tuned = [c for c in accepted if c.label == tuned_label]
     best, how = (tuned[0], "tuned") if tuned else (min(accepted, key=lambda c: (c.estimate, c.label)), "model")
     return Choice(best.kernel, how, tuple(candidates), best.split, best.run)
+
+
+def choose_fused(choose_for: Callable[[GemmProblem], Choice], problem: GemmProblem
+                 ) -> tuple[Choice, tuple[tuple[str, object], ...]]:
+    """The choice for ``problem`` and what of its requested epilogue no kernel computes: where no
+    kernel accepts the problem as requested, the plain problem's choice, and every requested field
+    is left to the caller (applied by torch after the kernel) rather than dropped."""
+    choice = choose_for(problem)
+    if choice.kernel is not None or not problem.requested:
+        return choice, ()
+    return choose_for(replace(problem, requested=())), problem.requested

@@ -415,7 +415,9 @@ class FieldSpec:
     only when they differ from the default. ``selection``: the runtime tells kernels apart by it
     (``selection_view`` narrows the value to the part it sees). ``support``: the template manifest
     key that lists the values a template builds (``"values"``), or that allows a non-default value
-    at all (``"flag"``); None: any template builds any value the rules accept.
+    at all (``"flag"``); None: any template builds any value the rules accept. ``requested``: it
+    changes what the kernel computes, and the caller says which value it wants (the runtime's
+    ``GemmProblem.requested``).
     """
 
     codec: Codec
@@ -424,6 +426,7 @@ class FieldSpec:
     selection: bool = False
     selection_view: Callable[[Any], Any] | None = None
     support: tuple[str, str] | None = None  # (supports key, "values" | "flag")
+    requested: bool = False  # the call asks for a value; a kernel runs the call only with exactly that one
 
 
 def _field(codec: Codec, description: str, default: Any = dataclasses.MISSING, **spec: Any):
@@ -519,8 +522,9 @@ def config_fields() -> tuple[tuple[dataclasses.Field, FieldSpec], ...]:
     return tuple((f, spec_of(f)) for f in dataclasses.fields(KernelConfig))
 
 
-def default_of(f: dataclasses.Field) -> Any:
-    return f.default
+def requested_fields() -> tuple[tuple[dataclasses.Field, FieldSpec], ...]:
+    """The fields a call asks for by value (FieldSpec.requested), in id order."""
+    return tuple((f, s) for f, s in config_fields() if s.requested)
 
 
 # -- kernel ids --------------------------------------------------------------------------------
