@@ -103,6 +103,17 @@ class Raster(str, enum.Enum):
     N = "n"
 
 
+class Activation(str, enum.Enum):
+    """The elementwise function the epilogue applies to the scaled fp32 accumulator before it rounds
+    it to the output type. gelutanh is GELU's tanh approximation, geluerf the exact (erf) form."""
+
+    NONE = "none"
+    RELU = "relu"
+    SILU = "silu"
+    GELU_TANH = "gelutanh"
+    GELU_ERF = "geluerf"
+
+
 class Operand(str, enum.Enum):
     """A GEMM input in the problem's terms: A (M x K) or B (K x N)."""
 
@@ -466,6 +477,9 @@ class KernelConfig:
                             support=("cta_groups", "values"))
     block_scale: BlockScale | None = _field(BlockScaleCodec(), "block-scaled operands: scale type and block", None,
                                             selection=True, support=("block_scales", "values"))
+    activation: Activation = _field(EnumCodec(Activation), "the epilogue's elementwise function of the accumulator",
+                                    Activation.NONE, selection=True, support=("activations", "values"),
+                                    requested=True)
     raster: Raster = _field(EnumCodec(Raster, "r"), "order of the persistent tile walk", Raster.M)
     swizzle: int = _field(CountCodec("sw"), "tiles per band in the raster walk (L2 reuse)", 1)
     # Data read once (the weights of a skinny GEMM) gives way first, so the operand every CTA

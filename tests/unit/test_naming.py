@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 from hypothesis import given, strategies as st
 
-from tilekiln.spec import (FAMILY_NAMES, BlockScale, Cluster, DType, DTypes, KernelConfig, KernelIdError, Layout,
-                           Operand, Raster, Schedule, Tile, format_kernel_id, parse_kernel_id)
+from tilekiln.spec import (FAMILY_NAMES, Activation, BlockScale, Cluster, DType, DTypes, KernelConfig, KernelIdError,
+                           Layout, Operand, Raster, Schedule, Tile, format_kernel_id, parse_kernel_id)
 
 configs = st.builds(
     KernelConfig,
@@ -27,6 +27,7 @@ configs = st.builds(
     block_scale=st.one_of(st.none(), st.builds(BlockScale, st.sampled_from(DType), st.integers(1, 64))),
     swap_ab=st.booleans(),
     evict_first=st.frozensets(st.sampled_from(Operand)),
+    activation=st.sampled_from(Activation),
 )
 
 
@@ -82,6 +83,7 @@ PERTURBATIONS = {
     "block_scale": BlockScale(DType.E4M3, 16),
     "swap_ab": True,
     "evict_first": frozenset({Operand.B}),
+    "activation": Activation.GELU_TANH,
 }
 
 
