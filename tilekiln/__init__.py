@@ -19,7 +19,7 @@ from tilekiln.errors import (BundleCompatibilityError, BundleError, BundleIntegr
                              NoKernelError, TilekilnError)
 
 __version__ = "0.2.0"
-__all__ = ["load", "bundles", "gemm", "scaled_gemm", "explain", "Bundle", "TilekilnError", "BundleError",
+__all__ = ["load", "bundles", "gemm", "linear", "scaled_gemm", "explain", "Bundle", "TilekilnError", "BundleError",
            "BundleIntegrityError", "BundleCompatibilityError", "NoKernelError", "LaunchError"]
 
 
@@ -116,6 +116,21 @@ def gemm(a, b, *, out=None, bundle=None, stream=None):
     return _bundle_for(a, bundle).gemm(a, b, out, stream=stream)
 
 
+def linear(x, weight, bias=None, *, activation=None, residual=None, out=None, bundle=None):
+    """``activation(F.linear(x, weight, bias)) + residual`` with ``x`` (..., K) and ``weight`` (N, K).
+
+    ``activation``: None, ``"relu"``, ``"silu"``, ``"gelutanh"`` (GELU's tanh form) or ``"geluerf"``
+    (exact GELU). The activation runs in the GEMM's epilogue where a kernel of the bundle computes
+    it and nothing comes between them; bias, residual and whatever no kernel fuses are applied by
+    torch afterwards (``explain(..., activation=...)`` says which). Differentiable; torch tensors.
+    """
+    fast = _torch_operands(x, weight)
+    if fast is None:
+        raise TypeError("linear takes torch tensors (x and weight); the operands given are "
+                        f"{type(x).__name__} and {type(weight).__name__}")
+    return fast.linear(bundle, x, weight, bias, activation, residual, out)
+
+
 def scaled_gemm(a, b, scale_a, scale_b, *, out_dtype=None, out=None, bundle=None, stream=None):
     """fp8 ``(a @ b) * scale_a * scale_b`` with per-tensor (one-element float32) scales and bf16 output by
     default: ``torch._scaled_mm``'s per-tensor mode. Takes torch tensors."""
@@ -126,10 +141,12 @@ def scaled_gemm(a, b, scale_a, scale_b, *, out_dtype=None, out=None, bundle=None
     return fast.scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream)
 
 
-def explain(a, b, *, out=None, bundle=None, backward=None):
+def explain(a, b, *, out=None, bundle=None, backward=None, activation=None):
     """The kernel ``gemm`` would run for these operands, why, and why not the others; with
-    ``backward`` (by default when an input requires grad), what the gradient's GEMMs run on."""
-    return _bundle_for(a, bundle).explain(a, b, out, backward=backward)
+    ``backward`` (by default when an input requires grad), what the gradient's GEMMs run on; with
+    ``activation``, whether a kernel fuses it (as ``linear`` would ask)."""
+    requested = () if activation is None else (("activation", getattr(activation, "value", activation)),)
+    return _bundle_for(a, bundle).explain(a, b, out, backward=backward, requested=requested)
 
 
 def __getattr__(name: str):

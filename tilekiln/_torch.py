@@ -31,7 +31,6 @@ reads, the current raw stream handle (the private
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
 
 import torch
 
@@ -126,9 +125,26 @@ def _allocate(shape: tuple[int, ...], k: int, dtype: torch.dtype, device) -> tor
     return torch.empty_strided(shape, result_strides(shape, k, dtype.itemsize), dtype=dtype, device=device)
 
 
-# Per requested spec field (tilekiln/spec.py, FieldSpec.requested), how torch applies it to a
-# GEMM's result where no kernel computes it (Plan.unfused): its definition, in torch.
-UNFUSED: dict[str, Callable[[object, Tensor], Tensor]] = {}
+# torch's definition of each Activation (tilekiln/spec.py): the fallback where no kernel fuses it,
+# the autograd path, and the reference the GPU tests compare the fused kernels with.
+ACTIVATIONS = {
+    "none": lambda y: y,
+    "relu": torch.relu,
+    "silu": torch.nn.functional.silu,
+    "gelutanh": lambda y: torch.nn.functional.gelu(y, approximate="tanh"),
+    "geluerf": torch.nn.functional.gelu,
+}
+# Per requested spec field, how torch applies it to a GEMM's result (Plan.unfused).
+UNFUSED = {"activation": lambda value, y: ACTIVATIONS[value](y)}
+
+
+def activation_token(activation) -> str:
+    """``activation`` (None, a name or an Activation) as its token; ValueError naming the argument."""
+    value = "none" if activation is None else getattr(activation, "value", activation)
+    if value not in ACTIVATIONS:
+        raise ValueError(f"activation: {activation!r} is not one of {', '.join(repr(a) for a in ACTIVATIONS)} "
+                         "(or None)")
+    return value
 
 
 def _refuse_out_with_grad(name: str, out, *inputs) -> None:
@@ -150,7 +166,7 @@ def gemm(bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, kernel: str |
     if (a.requires_grad or b.requires_grad) and _grad_enabled():
         _refuse_out_with_grad("gemm", out, a, b)
         with _on_stream(stream, a.get_device()):
-            return gemm_op(a, b, bundle_ref(bundle), kernel or "", False)
+            return gemm_op(a, b, bundle_ref(bundle), kernel or "", False, "none")
     if not isinstance(bundle, Bundle):
         bundle = resolve(bundle_ref(bundle), a.get_device())
     return run_gemm(bundle, a, b, out, stream, kernel)
@@ -176,9 +192,41 @@ def scaled_gemm(bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_dtype, out: 
     return run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream, kernel)
 
 
+def linear(bundle, x: Tensor, weight: Tensor, bias: Tensor | None, activation, residual: Tensor | None,
+           out: Tensor | None):
+    """``activation(F.linear(x, weight, bias)) + residual``: the GEMM and its activation fused where a
+    kernel computes the activation and nothing comes between them; bias, residual and any activation
+    no kernel fuses are applied by torch. Differentiable (unfused when an input requires grad)."""
+    act = activation_token(activation)
+    if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"weight: expected (N, K) with K = x's last dimension, got weight {list(weight.shape)} "
+                         f"and x {list(x.shape)} (F.linear semantics: x (..., K) @ weight.T)")
+    needs_grad = _grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias, residual))
+    _refuse_out_with_grad("linear", out, *(t for t in (x, weight, bias, residual) if t is not None))
+    fused = act if bias is None and not needs_grad else "none"
+    rows = x.reshape(-1, x.shape[-1])
+    if _is_compiling() or needs_grad:
+        y = gemm_op(rows, weight.t(), bundle_ref(bundle), "", False, fused)
+    else:
+        if not isinstance(bundle, Bundle):
+            bundle = resolve(bundle_ref(bundle), x.get_device())
+        y = run_gemm(bundle, rows, weight.t(), None, None, None, () if fused == "none" else (("activation", fused),))
+    if bias is not None:
+        y = y + bias
+    if fused == "none":
+        y = ACTIVATIONS[act](y)
+    y = y.reshape(*x.shape[:-1], weight.shape[0])
+    if residual is not None:
+        y = y + residual
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
 def _gemm_node(ref: str, a: Tensor, b: Tensor, out: Tensor | None, kernel: str):
     if out is None:
-        return gemm_op(a, b, ref, kernel, False)
+        return gemm_op(a, b, ref, kernel, False, "none")
     gemm_out_op(a, b, out, ref, kernel)
     return out
 
@@ -290,12 +338,14 @@ def _fake_result(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 @torch.library.custom_op("tilekiln::gemm", mutates_args=())
-def gemm_op(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool) -> Tensor:
-    """``a @ b`` on ``bundle``'s kernels; with ``fallback``, through ``torch.matmul`` where none
-    accepts the operands (the backward GEMMs, whose layouts the caller did not choose)."""
+def gemm_op(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool, activation: str) -> Tensor:
+    """``activation(a @ b)`` on ``bundle``'s kernels (fused where one computes it, else applied by
+    torch); with ``fallback``, through ``torch.matmul`` where no kernel accepts the operands (the
+    backward GEMMs, whose layouts the caller did not choose)."""
     target = resolve(bundle, a.get_device())
     if not fallback:
-        return run_gemm(target, a, b, None, None, kernel or None)
+        requested = () if activation == "none" else (("activation", activation),)
+        return run_gemm(target, a, b, None, None, kernel or None, requested)
     try:
         return run_gemm(target, a, b, None, None, None)
     except (NoKernelError, ValueError, TypeError):  # raised before any launch: no kernel takes these operands
@@ -303,7 +353,7 @@ def gemm_op(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool) -> T
 
 
 @gemm_op.register_fake
-def _gemm_fake(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool) -> Tensor:
+def _gemm_fake(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool, activation: str) -> Tensor:
     return _fake_result(a, b, a.dtype)
 
 
@@ -317,25 +367,30 @@ def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
 
 
 def _gemm_setup(ctx, inputs, output) -> None:
-    a, b, bundle, _, _ = inputs
+    a, b, bundle, _, _, activation = inputs
+    ctx.activation = activation
     ctx.save_for_backward(a if ctx.needs_input_grad[1] else None, b if ctx.needs_input_grad[0] else None)
     ctx.shapes = (a.shape, b.shape)
     ctx.bundle = bundle
 
 
 def _gemm_backward(ctx, grad: Tensor):
+    if ctx.activation != "none":
+        raise RuntimeError("tilekiln::gemm with a fused activation has no gradient; tilekiln.linear applies "
+                           "the activation unfused, through torch, when an input requires grad")
     a, b = ctx.saved_tensors
     a_shape, b_shape = ctx.shapes
     grad_a = grad_b = None
     if ctx.needs_input_grad[0]:
-        grad_a = _sum_to(gemm_op(grad, b.mT, ctx.bundle, "", True), a_shape)
+        grad_a = _sum_to(gemm_op(grad, b.mT, ctx.bundle, "", True, "none"), a_shape)
     if ctx.needs_input_grad[1]:
         if a.dim() == 3 and len(b_shape) == 2:
             # One B for every batch entry: its gradient is one GEMM over all the rows.
-            grad_b = gemm_op(a.reshape(-1, a.shape[-1]).mT, grad.reshape(-1, grad.shape[-1]), ctx.bundle, "", True)
+            grad_b = gemm_op(a.reshape(-1, a.shape[-1]).mT, grad.reshape(-1, grad.shape[-1]), ctx.bundle, "", True,
+                             "none")
         else:
-            grad_b = _sum_to(gemm_op(a.mT, grad, ctx.bundle, "", True), b_shape)
-    return grad_a, grad_b, None, None, None
+            grad_b = _sum_to(gemm_op(a.mT, grad, ctx.bundle, "", True, "none"), b_shape)
+    return grad_a, grad_b, None, None, None, None
 
 
 gemm_op.register_autograd(_gemm_backward, setup_context=_gemm_setup)

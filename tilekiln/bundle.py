@@ -338,6 +338,13 @@ class Bundle:
             return torch_path().gemm(self, a, b, out, stream, kernel)
         return self._generic_gemm(a, b, out, stream, kernel)
 
+    def linear(self, x, weight, bias=None, *, activation=None, residual=None, out=None):
+        """``tilekiln.linear`` on this bundle's kernels."""
+        if not (is_torch_tensor(x) and is_torch_tensor(weight)):
+            raise TypeError("linear takes torch tensors (x and weight); the operands given are "
+                            f"{type(x).__name__} and {type(weight).__name__}")
+        return torch_path().linear(self, x, weight, bias, activation, residual, out)
+
     def scaled_gemm(self, a, b, scale_a, scale_b, *, out_dtype=None, out=None, stream=None,
                     kernel: str | None = None):
         """``(a @ b) * scale_a * scale_b`` for fp8 inputs, like ``torch._scaled_mm``.

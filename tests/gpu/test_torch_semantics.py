@@ -135,8 +135,9 @@ def test_operators_pass_torch_library_opcheck(bundle, torch):
     s = torch.tensor([1.0], device="cuda")
     ref = _torch.bundle_ref(bundle)
     checks = [
-        (_torch.gemm_op, (x, w, ref, "", False)),
-        (_torch.gemm_op, (x, w, ref, "", True)),
+        (_torch.gemm_op, (x, w, ref, "", False, "none")),
+        (_torch.gemm_op, (x, w, ref, "", True, "none")),
+        (_torch.gemm_op, (x.detach(), w.detach(), ref, "", False, "silu")),
         (_torch.gemm_out_op, (x.detach(), w.detach(), torch.empty(64, 100, device="cuda", dtype=torch.bfloat16),
                               ref, "")),
         (_torch.scaled_gemm_op, (x8, w8, s, s, torch.bfloat16, ref, "")),

@@ -581,3 +581,21 @@ def test_explain_says_whether_the_chosen_kernel_ran_on_hardware():
     text = str(choose((verified,), tn(1024, 1024, 1024), 132, {}))
     assert text.splitlines()[0] == f"chosen: {verified.id} (model; hardware-verified on H100 80GB HBM3, H200)"
     assert "(model; compile-verified)" in str(choose(KERNELS[:1], tn(1024, 1024, 1024), 132, {}))
+
+
+def test_a_requested_activation_runs_only_on_a_kernel_that_computes_it():
+    """A call asking for silu takes a silu kernel; one asking for nothing never takes it; where no
+    kernel computes what is asked, the plain kernel runs and the rest is left to torch, never dropped."""
+    from tilekiln.select import choose_fused
+
+    silu = kernel_record(7, "k7_silu", (128, 256, 64), activation="silu")
+    kernels = (*KERNELS, silu)
+    asked = replace(tn(1024, 1024, 1024), requested=(("activation", "silu"),))
+    assert check_kernel(KERNELS[0], asked) == "activation: kernel computes none, the call asks for silu"
+    assert check_kernel(silu, tn(1024, 1024, 1024)) == "activation: kernel computes silu, the call asks for none"
+    choice, unfused = choose_fused(lambda p: choose(kernels, p, 132, {}), asked)
+    assert choice.kernel is silu and unfused == ()
+    gelu = replace(asked, requested=(("activation", "geluerf"),))
+    choice, unfused = choose_fused(lambda p: choose(kernels, p, 132, {}), gelu)
+    assert choice.kernel is not None and choice.kernel.config.activation.value == "none"
+    assert unfused == (("activation", "geluerf"),)

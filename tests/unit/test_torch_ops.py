@@ -173,3 +173,34 @@ def test_a_compiled_training_step_records_the_backward_gemms(bundle):
     torch.compile(step, backend=graphs)(a, w)
     assert a.grad.shape == a.shape and w.grad.shape == w.shape
     assert graphs.ops.count("tilekiln.gemm.default") >= 1
+
+
+@pytest.mark.parametrize("x_shape, bias, residual", [((64, 32), False, False), ((2, 8, 32), True, True)])
+def test_linear_is_one_graph_with_its_activation_in_the_gemm_node(fake, bundle, x_shape, bias, residual):
+    """Without bias the activation rides in the tilekiln::gemm node (fused where a kernel computes
+    it); bias and residual follow as torch ops, and the activation then after the bias."""
+    x, w = cuda(*x_shape), cuda(96, 32)
+    b = cuda(96) if bias else None
+    r = cuda(*x_shape[:-1], 96) if residual else None
+    result, ops = traced(lambda: tilekiln.linear(x, w, b, activation="silu", residual=r, bundle=bundle))
+    assert tuple(result.shape) == (*x_shape[:-1], 96)
+    assert ops.count("tilekiln.gemm.default") == 1
+    assert ("aten.silu.default" in ops or "silu" in str(ops)) == bias, ops
+
+
+def test_linear_gradients_flow_unfused(bundle):
+    """With an input that requires grad the activation is a torch op after a plain GEMM node, so
+    its gradient is torch's."""
+    x, w, b = meta(4, 16, 32, requires_grad=True), meta(64, 32, requires_grad=True), meta(64, requires_grad=True)
+    with OpLog() as log:
+        tilekiln.linear(x, w, b, activation="gelutanh", bundle=bundle).float().sum().backward()
+    assert x.grad.shape == x.shape and w.grad.shape == w.shape and b.grad.shape == b.shape
+    assert log.calls[0] == ("gemm.default", False) and len(log.calls) == 3
+
+
+def test_linear_names_its_bad_arguments(fake, bundle):
+    x, w = cuda(8, 32), cuda(96, 32)
+    with pytest.raises(ValueError, match="activation: 'tanh' is not one of"):
+        tilekiln.linear(x, w, activation="tanh", bundle=bundle)
+    with pytest.raises(ValueError, match=r"weight: expected \(N, K\) with K = x's last dimension"):
+        tilekiln.linear(x, cuda(96, 16), bundle=bundle)
