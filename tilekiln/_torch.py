@@ -292,18 +292,28 @@ def _unfused(plan, bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, str
     return out
 
 
-def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_dtype, out, stream, kernel):
+def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_dtype, out, stream, kernel,
+                    requested=()):
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
     key = ("scaled", a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.get_device(), b.get_device(),
            None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()), kernel, out_dtype,
-           _scale_signature(scale_a), _scale_signature(scale_b))
+           _scale_signature(scale_a), _scale_signature(scale_b), requested)
     plan = bundle._plans.get(key)
     if plan is None:
         plan = bundle.plan(describe(a, "a"), describe(b, "b"), None if out is None else describe(out, "out"),
-                           kernel, torch_dtype_token(out_dtype), allow_split=True)
+                           kernel, torch_dtype_token(out_dtype), allow_split=True, requested=requested)
         for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
             _check_scale(name, scale, plan.problem.device)
         bundle.remember(key, plan)
+    if plan.unfused:
+        result = run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, None, stream, kernel)
+        with _on_stream(stream, a.get_device()):
+            for name, value in plan.unfused:
+                result = UNFUSED[name](value, result)
+            if out is None:
+                return result
+            out.copy_(result)
+        return out
     if out is None:
         out = _allocate(plan.problem.out_shape, plan.problem.k, out_dtype, a.device)
     if plan.block is None:

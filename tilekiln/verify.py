@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tilekiln._files import write_atomic
-from tilekiln.spec import KernelRecord
+from tilekiln.spec import KernelRecord, requested_fields
 
 RECORD_SCHEMA = 1
 # bf16/fp16 rounding of the output alone is about 2e-3 relative; fp8 kernels are
@@ -104,8 +104,25 @@ def _poisoned(torch, shape, dtype):
 
 
 def _runs(torch, bundle, kernel: KernelRecord, gen):
-    """(description, output, float64 reference) for each run of ``kernel``."""
+    """(description, output, float64 reference) for each run of ``kernel``. A kernel that computes a
+    requested epilogue (an activation) is called asking for it, and its reference applies it."""
+    from tilekiln import _torch
+
     cfg = kernel.config
+    requested = tuple((f.name, spec.codec.plain(getattr(cfg, f.name))) for f, spec in requested_fields()
+                      if getattr(cfg, f.name) != f.default)
+
+    def epilogue(ref):
+        for name, value in requested:
+            ref = _torch.UNFUSED[name](value, ref)
+        return ref
+
+    def gemm(a, b, out=None, pin=kernel.id):
+        return _torch.run_gemm(bundle, a, b, out, None, pin, requested)
+
+    def scaled(a, b, out=None, pin=kernel.id, out_dtype=None):
+        return _torch.run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, None, pin, requested)
+
     a_dtype = cfg.dtypes.a.value
     fp8 = a_dtype in FP8
     dtype = getattr(torch, FP8[a_dtype] if fp8 else HALF.get(a_dtype, "float32"))
@@ -116,13 +133,13 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
             b = _matrix(torch, k, n, not cfg.layout.b_k_major, 1, dtype, gen)[0]
             pin = f"{kernel.id}/splitk{split}"
             if fp8:
-                ref = (a.double() @ b.double()) * (SCALES[0] * SCALES[1])
-                yield f"{pin} {m}x{n}x{k}", bundle.scaled_gemm(a, b, scale_a, scale_b, kernel=pin), ref
+                ref = epilogue((a.double() @ b.double()) * (SCALES[0] * SCALES[1]))
+                yield f"{pin} {m}x{n}x{k}", scaled(a, b, pin=pin), ref
                 out = _poisoned(torch, (m, n), torch.float32)
-                bundle.scaled_gemm(a, b, scale_a, scale_b, out=out, kernel=kernel.id)
+                scaled(a, b, out, out_dtype=torch.float32)
                 yield f"{kernel.id} {m}x{n}x{k} -> f32", out, ref
             else:
-                yield f"{pin} {m}x{n}x{k}", bundle.gemm(a, b, kernel=pin), a.double() @ b.double()
+                yield f"{pin} {m}x{n}x{k}", gemm(a, b, pin=pin), epilogue(a.double() @ b.double())
         return
     for batch, m, n, k in SHAPES:
         if fp8 and batch != 1:
@@ -132,12 +149,12 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
         what = f"{kernel.id} {batch}x{m}x{n}x{k}"
         if fp8:
             out = _poisoned(torch, (m, n), torch.bfloat16)
-            bundle.scaled_gemm(a[0], b[0], scale_a, scale_b, out=out, kernel=kernel.id)
-            yield what, out, (a[0].double() @ b[0].double()) * (SCALES[0] * SCALES[1])
+            scaled(a[0], b[0], out)
+            yield what, out, epilogue((a[0].double() @ b[0].double()) * (SCALES[0] * SCALES[1]))
         else:
             out = _poisoned(torch, (batch, m, n), dtype)
-            bundle.gemm(a, b, out, kernel=kernel.id)
-            yield what, out, a.double() @ b.double()
+            gemm(a, b, out)
+            yield what, out, epilogue(a.double() @ b.double())
 
 
 def verify_kernel(torch, bundle, kernel: KernelRecord, seed: int) -> KernelResult:

@@ -163,8 +163,9 @@ def test_persistent_launches_start_the_clusters_the_device_holds(bundle, torch):
         resident = bundle.resident_clusters(k, 0)
         assert 1 <= resident <= nominal_clusters(k, sm_count), (k.id, resident)
         if k.cluster_size > 1:
+            cluster = (k.config.cluster.m, k.config.cluster.n)
             bundle._ensure_ready(k.index, 0)
-            status, exact = lib.max_active_clusters(k.index, 0, k.threads, k.dynamic_smem_bytes, k.cluster)
+            status, exact = lib.max_active_clusters(k.index, 0, k.threads, k.dynamic_smem_bytes, cluster)
             assert status == 0 and exact == resident, (k.id, status, exact, resident)
     print({f"{m}x{n}": bundle._clusters[(0, (m, n))] for (_, (m, n)) in bundle._clusters})
 
@@ -237,13 +238,15 @@ def test_dependent_launches_read_their_predecessors_output(bundle, torch):
     failures = []
     checked = 0
     for kernel in bundle.kernels:
-        if kernel.dtypes[0] not in ("bf16", "f16") or kernel.dtypes[3] == "f32" or kernel.a_major != "k":
+        cfg = kernel.config
+        if (cfg.dtypes.a.value not in ("bf16", "f16") or cfg.dtypes.c.value == "f32" or not cfg.layout.a_k_major
+                or cfg.activation.value != "none"):
             continue
-        dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[kernel.dtypes[0]]
+        dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[cfg.dtypes.a.value]
         g = torch.Generator(device="cuda").manual_seed(31 + kernel.index)
         x0 = torch.randn(1024, 1024, device="cuda", dtype=dtype, generator=g)
         w = (torch.randn(1024, 1024, device="cuda", generator=g) / 32).to(dtype)
-        if kernel.b_major == "k":
+        if cfg.layout.b_k_major:
             w = w.t().contiguous().t()
         ref = _chain_reference(torch, x0, w, CHAIN_STEPS)
         bufs = [torch.empty_like(x0), torch.empty_like(x0)]
