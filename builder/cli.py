@@ -124,7 +124,7 @@ def validate(root: Path, paths: tuple[str, ...], fmt: str, explain_id: str | Non
             known = f"did you mean {close!r}?" if close else f"e.g. {', '.join(ids[:5]) or 'none'}"
             raise click.UsageError(f"no kernel with id {explain_id!r} in the catalog ({known})")
         summary = summarize(match[0]) | {
-            "problems": [d.to_json() for d in result.diagnostics if d.message.startswith(f"{explain_id}:")]}
+            "problems": [d.to_json() for d in result.diagnostics if d.subject == explain_id]}
         click.echo(json.dumps(summary, indent=2))
         sys.exit(EXIT_OK)
     _report(result.diagnostics, fmt)

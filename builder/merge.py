@@ -89,20 +89,24 @@ def _check_against_checkout(root: Path, shards: list[Shard],
     planned = {(p.arch, p.kernel_id): p for p in plan(validated(root), selection)}
     problems = []
     for arch, kernel_id in sorted(planned.keys() - by_kernel.keys()):
-        problems.append(Diagnostic("SHARD-CATALOG", f"{kernel_id} ({arch}) is in the catalog but in no shard",
-                                   Location("catalog"), "build the shards from the same commit as the merge"))
+        problems.append(Diagnostic("SHARD-CATALOG", f"is in the catalog for {arch} but in no shard",
+                                   Location("catalog"), "build the shards from the same commit as the merge",
+                                   facts={"arch": arch}, subject=kernel_id))
     for arch, kernel_id in sorted(by_kernel.keys() - planned.keys()):
         shard = by_kernel[arch, kernel_id][0]
-        problems.append(Diagnostic("SHARD-CATALOG", f"{kernel_id} ({arch}) is in shard {shard.index}/{shard.count} "
+        problems.append(Diagnostic("SHARD-CATALOG", f"is in shard {shard.index}/{shard.count} for {arch} "
                                    "but not in the catalog", Location(str(shard.path)),
-                                   "build the shards from the same commit as the merge"))
+                                   "build the shards from the same commit as the merge",
+                                   facts={"arch": arch, "shard": [shard.index, shard.count]}, subject=kernel_id))
     for key in sorted(planned.keys() & by_kernel.keys()):
         shard, kernel = by_kernel[key]
         if kernel.key != planned[key].key:
             problems.append(Diagnostic(
-                "SHARD-STALE", f"{key[1]} ({key[0]}) in shard {shard.index}/{shard.count} was compiled from other "
+                "SHARD-STALE", f"for {key[0]} in shard {shard.index}/{shard.count} was compiled from other "
                 "inputs (source, options or toolchain) than this checkout would use", Location(str(shard.path)),
-                "build the shards and merge from the same commit with the same tilekiln-build wheels"))
+                "build the shards and merge from the same commit with the same tilekiln-build wheels",
+                facts={"arch": key[0], "shard": [shard.index, shard.count], "shard_key": kernel.key,
+                       "checkout_key": planned[key].key}, subject=key[1]))
     if problems:
         raise DiagnosticError(problems)
     return by_kernel
