@@ -12,6 +12,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from builder.cli import main
+from builder.compile import COMPILE_HINTS
 from builder.diagnostics import Diagnostic, DiagnosticError, Location, Severity, render
 from builder.validate import Project, validate_project
 from tests.fixture_catalogs import FIXTURES, expectations, make_project, overlays, validate_fixture
@@ -121,3 +122,10 @@ def test_diagnostics_pickle_with_every_field():
     assert pickle.loads(pickle.dumps(d)) == d
     (again,) = pickle.loads(pickle.dumps(DiagnosticError([d]))).diagnostics
     assert again == d
+
+
+def test_every_compile_stage_id_is_documented(root):
+    text = (root / "docs" / "catalog.md").read_text()
+    table = text.split("### Diagnostics from the build", 1)[1]
+    assert [rule for rule in COMPILE_HINTS if f"| {rule} |" not in table] == [], "add these to docs/catalog.md"
+    assert all(COMPILE_HINTS.values()), "every compile-stage id has a hint"
