@@ -1,9 +1,11 @@
-"""Diagnostics: errors and warnings as values with an id, a location and a hint.
+"""Diagnostics: errors and warnings as values with an id, a subject, a location, a hint and facts.
 
 Every stage of the builder reports problems as :class:`Diagnostic` records and
 never prints or exits; :class:`DiagnosticError` carries a batch of them up to
-the CLI, which renders them once as text, JSON or GitHub annotations.
-This module imports nothing from the rest of ``builder``.
+the CLI, which renders them once as text, JSON or GitHub annotations. The
+record stays a record to the end: the JSON output has every field (the
+subject, the YAML path, the facts), and only the text output joins them into
+a line. This module imports nothing from the rest of ``builder``.
 """
 
 from __future__ import annotations
