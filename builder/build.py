@@ -10,8 +10,11 @@
 3. compile all misses on the executor (local pool or Ray) in one batch,
    keeping going past failures; each worker also inspects its cubin
    (registers, spills, shared memory, SASS census);
-4. check each fresh object's toolchain and traced shared-memory size
-   against this build's and the validator's model, and cache it at once;
+4. check each fresh object's toolchain, cubin target and traced shared-memory
+   size against this build's, the requested arch and the validator's model,
+   and cache it at once; a kernel that fails (here or in its worker) gets a
+   diagnostic with a compile-stage id (``builder.compile.COMPILE_HINTS``)
+   located at its catalog entry;
 5. link the passing kernels into one library for the catalog's glibc target
    (cached by its inputs), fail with GLIBC-TARGET if it needs a newer glibc
    (``builder/platform_tag.py``), and put the bundle in place atomically, under its lock, leaving a bundle that is
@@ -30,10 +33,12 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 from builder.bundle import BundleFile, bundle_name, library_name, source_file, write_bundle
 from builder.cache import ContentCache, canonical_key
-from builder.compile import COMPILE_ENV, CompileFailure, CompileJob, CompileOutput
+from builder.compile import (COMPILE_ARCH_DRIFT, COMPILE_ENV, COMPILE_HINTS, COMPILE_SMEM_DRIFT, TOOLCHAIN_MISMATCH,
+                             CompileFailure, CompileJob, CompileOutput)
 from builder.cubin import compiled_for
 from builder.diagnostics import Diagnostic, DiagnosticError, Location, Severity, did_you_mean
 from builder.link import LinkInput, link_library, link_recipe, render_glue
@@ -134,11 +139,16 @@ class BundleResult:
 @dataclass(frozen=True)
 class BuildResult:
     bundles: tuple[BundleResult, ...]
-    diagnostics: tuple[Diagnostic, ...] = field(default_factory=tuple)
+    diagnostics: tuple[Diagnostic, ...] = field(default_factory=tuple)  # the catalog's warnings
 
     @property
     def ok(self) -> bool:
         return all(not b.failed for b in self.bundles)
+
+    @property
+    def failures(self) -> tuple[Diagnostic, ...]:
+        """The diagnostic of every failed kernel of every bundle (one per kernel and target)."""
+        return tuple(r.diagnostic for b in self.bundles for r in b.failed if r.diagnostic is not None)
 
 
 def validated(root: Path) -> Validation:
@@ -229,38 +239,55 @@ def compile_kernels(planned: list[PlannedKernel], cache: ContentCache, request: 
 
 def _record_from_result(p: PlannedKernel, result: CompileOutput | CompileFailure,
                         cache: ContentCache) -> BuildRecord:
-    ctx, job = p.ctx, p.job
-
-    def failed(message: str) -> BuildRecord:
-        return BuildRecord(job.kernel_id, job.arch, "failed", result.seconds, error=message, ctx=ctx,
-                            source=job.source, key=p.key)
-
     if isinstance(result, CompileFailure):
-        return failed(result.message)
-    local = (compiler_fingerprint(), inspector_fingerprint())
-    if result.toolchain != local:
-        return failed(f"TOOLCHAIN-MISMATCH: the worker that compiled this kernel has toolchain "
-                      f"{'/'.join(t[:12] for t in result.toolchain)}, this build {'/'.join(t[:12] for t in local)}; "
-                      "install the same tilekiln-build wheels (and Python minor version) on every executor node")
-    cubin, info = result.cubin, result.info
-    try:
-        target = compiled_for(cubin)
-    except RuntimeError as exc:
-        return failed(str(exc))
-    if target != job.arch:
-        return failed(f"CUBIN-ARCH: the cubin was assembled for {target}, not the requested target {job.arch}")
-    expected = ctx.plan.smem.dynamic_bytes
-    if result.traced_smem_bytes != expected or info.static_smem_bytes != ctx.plan.smem.static_bytes:
-        return failed(
-            f"SMEM-MODEL: the kernel uses {result.traced_smem_bytes} B dynamic + {info.static_smem_bytes} B "
-            f"static shared memory but the validator's model says {expected} + {ctx.plan.smem.static_bytes}; "
-            "fix builder/derive.py or the template so they agree")
+        return _failed(p, result.seconds, result.rule, result.message, result.facts)
+    drift = _drift(p, result)
+    if drift is not None:
+        return _failed(p, result.seconds, *drift)
+    ctx, job, cubin, info = p.ctx, p.job, result.cubin, result.info
     record = BuildRecord(job.kernel_id, job.arch, "compiled", result.seconds, ctx=ctx, source=job.source,
                           object_bytes=result.object_bytes, cubin=cubin, info=info, entry=result.entry, key=p.key,
                           traced_smem_bytes=result.traced_smem_bytes)
     cache.put("kernel", p.key, {"kernel.o": result.object_bytes, "kernel.cubin": cubin},
               {"seconds": result.seconds, **record.artifact_meta()})
     return record
+
+
+def _failed(p: PlannedKernel, seconds: float, rule: str, message: str, facts: Mapping[str, object]) -> BuildRecord:
+    """A failed record with its diagnostic: the compile-stage id, the kernel id as subject, its catalog
+    entry as location and the target among the facts (one kernel id compiles for several targets)."""
+    job = p.job
+    problem = Diagnostic(rule, message, p.ctx.entry.locate(), COMPILE_HINTS.get(rule, ""),
+                         facts={"arch": job.arch, **facts}, subject=job.kernel_id)
+    return BuildRecord(job.kernel_id, job.arch, "failed", seconds, error=message, ctx=p.ctx, source=job.source,
+                       key=p.key, diagnostic=problem)
+
+
+def _drift(p: PlannedKernel, result: CompileOutput) -> tuple[str, str, dict[str, object]] | None:
+    """(id, message, facts) if a fresh object is not what this build asked for: another toolchain made it,
+    its cubin targets another arch, or its shared memory is not what the validator modelled (the plan
+    the template was rendered from); None if it is."""
+    job, smem, info = p.job, p.ctx.plan.smem, result.info
+    local = (compiler_fingerprint(), inspector_fingerprint())
+    if result.toolchain != local:
+        return (TOOLCHAIN_MISMATCH, f"the worker that compiled this kernel has toolchain "
+                f"{'/'.join(t[:12] for t in result.toolchain)}, this build {'/'.join(t[:12] for t in local)}",
+                {"worker_toolchain": list(result.toolchain), "build_toolchain": list(local)})
+    try:
+        target = compiled_for(result.cubin)
+    except RuntimeError as exc:
+        return (COMPILE_ARCH_DRIFT, f"{exc}, so its target cannot be checked against the requested {job.arch}",
+                {"requested_arch": job.arch, "cubin_arch": None})
+    if target != job.arch:
+        return (COMPILE_ARCH_DRIFT, f"the cubin was assembled for {target}, not the requested target {job.arch}",
+                {"requested_arch": job.arch, "cubin_arch": target})
+    if result.traced_smem_bytes != smem.dynamic_bytes or info.static_smem_bytes != smem.static_bytes:
+        return (COMPILE_SMEM_DRIFT, f"compiled for {job.arch}, the kernel uses {result.traced_smem_bytes} B dynamic "
+                f"+ {info.static_smem_bytes} B static shared memory but the validator's model says "
+                f"{smem.dynamic_bytes} + {smem.static_bytes}",
+                {"traced_bytes": result.traced_smem_bytes, "model_bytes": smem.dynamic_bytes,
+                 "static_bytes": info.static_smem_bytes, "model_static_bytes": smem.static_bytes})
+    return None
 
 
 def _report_bytes(arch: str, records: list[BuildRecord], shard: tuple[int, int] | None = None) -> bytes:

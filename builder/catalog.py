@@ -224,7 +224,7 @@ def _expand(model: CatalogFile, doc: YamlDocument, problems: list) -> list[Catal
                 if getattr(item, name) is not None:
                     problems.append(Diagnostic(
                         "CATALOG-SWEEP", f"{name!r} is given both directly and under sweep",
-                        doc.locate(("kernels", i, "sweep", name)), "keep one of the two"))
+                        doc.locate(("kernels", i, "sweep", name)), "keep one of the two", facts={"field": name}))
                 sweep_axes.append([(name, v, ("kernels", i, "sweep", name, j)) for j, v in enumerate(values)])
         targets = tuple(item.targets or model.targets)
         for combo in itertools.product(*sweep_axes) if sweep_axes else [()]:
@@ -235,7 +235,8 @@ def _expand(model: CatalogFile, doc: YamlDocument, problems: list) -> list[Catal
             if missing:
                 problems.append(Diagnostic(
                     "CATALOG-INCOMPLETE", f"kernel is missing {', '.join(missing)}",
-                    doc.locate(("kernels", i)), "give the fields in the item, its sweep, or defaults"))
+                    doc.locate(("kernels", i)), "give the fields in the item, its sweep, or defaults",
+                    facts={"missing": missing}))
                 break
             out.append(CatalogEntry(_make_config(model.pipeline, fields), targets, doc.file, i,
                                     {k: v[1] for k, v in fields.items()} | {"targets": ("kernels", i, "targets")

@@ -124,7 +124,7 @@ def validate(root: Path, paths: tuple[str, ...], fmt: str, explain_id: str | Non
             known = f"did you mean {close!r}?" if close else f"e.g. {', '.join(ids[:5]) or 'none'}"
             raise click.UsageError(f"no kernel with id {explain_id!r} in the catalog ({known})")
         summary = summarize(match[0]) | {
-            "problems": [d.to_json() for d in result.diagnostics if d.message.startswith(f"{explain_id}:")]}
+            "problems": [d.to_json() for d in result.diagnostics if d.subject == explain_id]}
         click.echo(json.dumps(summary, indent=2))
         sys.exit(EXIT_OK)
     _report(result.diagnostics, fmt)
@@ -197,17 +197,26 @@ PARTIAL_OPTION = click.option("--allow-partial", is_flag=True,
 PROGRESS_OPTION = click.option("--progress", type=Choice(["auto", "rich", "plain", "none"]), default="auto",
                                show_default=True, help="rich bar, one line per compile (CI logs), or nothing")
 DIAGNOSTICS_FORMAT = click.option("--format", "fmt", type=FORMATS, default="text", show_default=True,
-                                  help="format of diagnostics if the catalog or the shards are invalid")
+                                  help="format of diagnostics: an invalid catalog or shard set, failed kernels "
+                                  "(json and github list them on stdout; text is the table on stderr)")
 
 
-def _finish(result, seconds: float, check=None) -> None:
-    """Print the outcome (``seconds``: the build's wall time) and exit: 1 if a kernel failed or the rebuild differed."""
+def _finish(result, seconds: float, check=None, fmt: str = "text") -> None:
+    """Print the outcome (``seconds``: the build's wall time) and exit: 1 if a kernel failed or the rebuild differed.
+
+    The table goes to stderr in every format. ``json`` and ``github`` also list every diagnostic of
+    the run on stdout: the catalog's warnings, each failed kernel's compile-stage diagnostic and
+    the differences ``--check-reproducible`` found.
+    """
     from builder.report import print_outcome
 
     print_outcome(result, seconds)
     ok = result.ok
+    if fmt != "text":
+        _report([*result.diagnostics, *result.failures, *(check.diagnostics if check else ())], fmt)
     if check is not None:
-        _report(check.diagnostics, "text")
+        if fmt == "text":
+            _report(check.diagnostics, "text")
         if check.ok and check.compared:
             click.echo(f"reproducible: {check.compared} files identical in a clean rebuild", err=True)
         elif check.ok:
@@ -266,7 +275,7 @@ def build(root: Path, out_dir, cache_dir, jobs, executor, pipeline, arch, only, 
     except (ExecutorError, ToolchainError) as exc:
         click.echo(f"tilekiln: {exc}", err=True)
         sys.exit(EXIT_USAGE)
-    _finish(result, seconds, checked)
+    _finish(result, seconds, checked, fmt)
 
 
 @main.command()
@@ -297,7 +306,7 @@ def merge(root: Path, shard_dirs, out_dir, cache_dir, allow_partial, progress, f
     except ToolchainError as exc:
         click.echo(f"tilekiln: {exc}", err=True)
         sys.exit(EXIT_USAGE)
-    _finish(result, time.monotonic() - started)
+    _finish(result, time.monotonic() - started, fmt=fmt)
 
 
 @main.command(name="list")

@@ -29,8 +29,9 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 from builder.cubin import CubinInfo, inspect_cubin
 from builder.objfile import EntryPoints, cubins, entry_points, fatbin
@@ -47,6 +48,28 @@ COMPILE_ENV = (
 )
 _DSL_ENV_PREFIX = "CUTE_DSL_"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+# Stable ids of the ways a kernel fails after validation, each with its hint
+# (docs/catalog.md, "Diagnostics from the build"). The worker and the pool
+# know the first three; the build process checks each fresh object for the
+# others (builder/build.py), where the kernel's catalog entry is at hand.
+COMPILE_FAILED = "COMPILE-FAILED"
+COMPILE_CRASHED = "COMPILE-CRASHED"
+COMPILE_NO_WORKERS = "COMPILE-NO-WORKERS"
+COMPILE_ARCH_DRIFT = "COMPILE-ARCH-DRIFT"
+COMPILE_SMEM_DRIFT = "COMPILE-SMEM-DRIFT"
+TOOLCHAIN_MISMATCH = "TOOLCHAIN-MISMATCH"
+COMPILE_HINTS = {
+    COMPILE_FAILED: "the rendered template or the DSL raised; fix the template, or add a rule that rejects "
+                    "this config before it is compiled",
+    COMPILE_CRASHED: "the compile worker crashed or was killed (out of memory?); rerun with fewer jobs (-j) to "
+                     "tell memory pressure from a crash inside the compiler",
+    COMPILE_NO_WORKERS: "check that `import cutlass.cute` works in this environment",
+    COMPILE_ARCH_DRIFT: "the DSL compiled for another target than --gpu-arch asked for; check the target's name "
+                        "in catalog/hardware/ against the DSL's arch list",
+    COMPILE_SMEM_DRIFT: "fix builder/derive or the template so that the validator's model and the kernel agree",
+    TOOLCHAIN_MISMATCH: "install the same tilekiln-build wheels (and Python minor version) on every executor node",
+}
 
 
 @dataclass(frozen=True)
@@ -83,10 +106,15 @@ class CompileOutput:
 
 @dataclass(frozen=True)
 class CompileFailure:
+    """A compile that produced no object; ``rule`` says how it failed (:data:`COMPILE_HINTS`),
+    ``facts`` what decided it. Plain values only: it travels back from worker processes and Ray."""
+
     kernel_id: str
     arch: str
     message: str
     seconds: float
+    rule: str = COMPILE_FAILED
+    facts: Mapping[str, object] = field(default_factory=dict)
 
 
 def prepare_worker() -> None:
@@ -115,7 +143,8 @@ def compile_job(job: CompileJob) -> CompileOutput | CompileFailure:
     except BaseException as exc:  # noqa: BLE001 - the DSL raises many types; all are reported
         if isinstance(exc, KeyboardInterrupt):
             raise
-        return CompileFailure(job.kernel_id, job.arch, _describe(exc), time.perf_counter() - start)
+        return CompileFailure(job.kernel_id, job.arch, _describe(exc), time.perf_counter() - start,
+                              COMPILE_FAILED, {"exception": type(exc).__name__})
     finally:
         sys.modules.pop(MODULE_NAME, None)
 

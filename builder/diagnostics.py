@@ -1,9 +1,11 @@
-"""Diagnostics: errors and warnings as values with an id, a location and a hint.
+"""Diagnostics: errors and warnings as values with an id, a subject, a location, a hint and facts.
 
 Every stage of the builder reports problems as :class:`Diagnostic` records and
 never prints or exits; :class:`DiagnosticError` carries a batch of them up to
-the CLI, which renders them once as text, JSON or GitHub annotations.
-This module imports nothing from the rest of ``builder``.
+the CLI, which renders them once as text, JSON or GitHub annotations. The
+record stays a record to the end: the JSON output has every field (the
+subject, the YAML path, the facts), and only the text output joins them into
+a line. This module imports nothing from the rest of ``builder``.
 """
 
 from __future__ import annotations
@@ -39,15 +41,19 @@ class Location:
         return ":".join(parts)
 
 
-JSON_KEYS = ("file", "line", "column", "rule", "severity", "message", "hint")
+JSON_KEYS = ("rule", "severity", "subject", "message", "hint", "location", "facts")
+LOCATION_KEYS = ("file", "line", "column", "path")
 
 
 @dataclass(frozen=True)
 class Diagnostic:
     """One finding. ``rule`` is a stable id such as ``SMEM-BUDGET``.
 
+    ``subject`` is the kernel id the finding is about, or None for a problem
+    of a file as a whole; it is a field, never a prefix of ``message``.
     ``facts`` holds the numbers that decided the outcome (the fact values and
     the computed quantities), so a reader can check the arithmetic.
+    Every field is a plain value, so a diagnostic pickles across processes.
     """
 
     rule: str
@@ -56,40 +62,70 @@ class Diagnostic:
     hint: str = ""
     severity: Severity = Severity.ERROR
     facts: Mapping[str, object] = field(default_factory=dict)
+    subject: str | None = None
 
     def to_json(self) -> dict:
-        """The ``--format json`` record: exactly the keys of :data:`JSON_KEYS`."""
+        """The ``--format json`` record: the keys of :data:`JSON_KEYS`, ``location`` with
+        :data:`LOCATION_KEYS` (``path`` is the YAML path, e.g. ``kernels[3].tile``, or null)."""
+        loc = self.location
         return {
-            "file": self.location.file,
-            "line": self.location.line,
-            "column": self.location.column,
             "rule": self.rule,
             "severity": self.severity.value,
+            "subject": self.subject,
             "message": self.message,
             "hint": self.hint,
+            "location": {"file": loc.file, "line": loc.line, "column": loc.column, "path": loc.path or None},
+            "facts": _plain(dict(self.facts)),
         }
 
     def to_text(self) -> str:
         where = f" [{self.location.path}]" if self.location.path else ""
-        text = f"{self.location}: {self.severity.value}: {self.rule}: {self.message}{where}"
+        subject = f"{self.subject}: " if self.subject else ""
+        text = f"{self.location}: {self.severity.value}: {self.rule}: {subject}{self.message}{where}"
         if self.hint:
             text += f"\n    hint: {self.hint}"
         return text
 
     def to_github(self) -> str:
+        """One workflow command line: ``::error file=F,line=L,col=C,title=RULE (subject)::message Hint: ...``.
+
+        Properties and data are escaped as GitHub's runner unescapes them
+        (actions/toolkit ``command.ts``), so a ``%`` or a line break in a
+        file name or message never splits the annotation or ends it early.
+        """
         level = {"error": "error", "warning": "warning", "note": "notice"}[self.severity.value]
-        props = [f"file={self.location.file}"]
+        props = [f"file={_github_property(self.location.file)}"]
         if self.location.line is not None:
             props.append(f"line={self.location.line}")
         if self.location.column is not None:
             props.append(f"col={self.location.column}")
-        props.append(f"title={self.rule}")
+        title = f"{self.rule} ({self.subject})" if self.subject else self.rule
+        props.append(f"title={_github_property(title)}")
         body = self.message + (f" Hint: {self.hint}" if self.hint else "")
-        return f"::{level} {','.join(props)}::{_github_escape(body)}"
+        return f"::{level} {','.join(props)}::{_github_data(body)}"
 
 
-def _github_escape(text: str) -> str:
+def _github_data(text: str) -> str:
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _github_property(text: str) -> str:
+    return _github_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def _plain(value: object) -> object:
+    """``value`` as JSON data: enums by value, tuples and sets as lists, anything else unknown as text."""
+    if isinstance(value, enum.Enum):
+        return _plain(value.value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (set, frozenset)):
+        return sorted((_plain(v) for v in value), key=repr)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return str(value)
 
 
 class DiagnosticError(Exception):
@@ -108,11 +144,11 @@ def has_errors(diagnostics: Iterable[Diagnostic]) -> bool:
 
 
 def sort_key(d: Diagnostic) -> tuple:
-    return (d.location.file, d.location.line or 0, d.location.column or 0, d.rule)
+    return (d.location.file, d.location.line or 0, d.location.column or 0, d.rule, d.subject or "")
 
 
 def render(diagnostics: Iterable[Diagnostic], fmt: str) -> str:
-    """Render diagnostics as ``text``, ``json`` or ``github``."""
+    """Render diagnostics as ``text``, ``json`` (a list of :meth:`Diagnostic.to_json` records) or ``github``."""
     items = sorted(diagnostics, key=sort_key)
     if fmt == "json":
         return json.dumps([d.to_json() for d in items], indent=2)

@@ -174,7 +174,7 @@ class PipelineFacts:
                 f"pipeline {self.pipeline} declares no fact {name!r}, and a rule needs it",
                 self._doc.locate(("facts",)),
                 f"add `{name}: {{value: ..., source: ...}}` to {self.file}; facts are never "
-                "borrowed from another pipeline")])
+                "borrowed from another pipeline", facts={"pipeline": self.pipeline, "fact": name})])
         return fact.value
 
     def has(self, name: str) -> bool:
@@ -230,7 +230,8 @@ def load_facts(hardware_dir: Path, root: Path | None = None) -> FactTable:
         if model.pipeline != path.stem:
             problems.append(Diagnostic(
                 "FACTS-NAME", f"file declares pipeline {model.pipeline!r} but is named {path.name}",
-                doc.locate(("pipeline",)), f"rename the file to {model.pipeline}.yaml or fix the field"))
+                doc.locate(("pipeline",)), f"rename the file to {model.pipeline}.yaml or fix the field",
+                facts={"pipeline": model.pipeline, "file_stem": path.stem}))
             continue
         pipelines.append(PipelineFacts(model.pipeline, model.description, tuple(model.targets),
                                        display, model.facts, doc))

@@ -8,7 +8,7 @@ Then it stores the shards' objects in the cache and runs the ordinary build,
 which finds every kernel cached and links and writes the bundle with the
 same code as any other build; that is why the result is byte-identical to a
 single-machine build. Kernels that failed in a shard fail the merge the same
-way (their shard's error message, ``--allow-partial`` as for a build).
+way (their shard's diagnostic: id, message and facts; ``--allow-partial`` as for a build).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Iterator
 
 from builder.build import BuildRequest, BuildResult, Selection, build, plan, validated
 from builder.cache import ContentCache
-from builder.compile import CompileFailure, CompileJob
+from builder.compile import COMPILE_FAILED, CompileFailure, CompileJob
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.shard import Shard, ShardKernel, load_shards
 
@@ -28,14 +28,22 @@ from builder.shard import Shard, ShardKernel, load_shards
 class ShardFailures:
     """The executor of a merge: it compiles nothing, it returns each shard's recorded failure."""
 
-    errors: dict[tuple[str, str], tuple[str, float]]  # (arch, kernel id) -> (message, seconds)
+    errors: dict[tuple[str, str], CompileFailure]  # (arch, kernel id) -> the shard's failure
     name: str = "shards"
 
     def run(self, jobs: list[CompileJob]) -> Iterator[CompileFailure]:
         for job in jobs:
-            message, seconds = self.errors.get((job.arch, job.kernel_id), (
-                "the merge found no object for this kernel in the shards or the cache", 0.0))
-            yield CompileFailure(job.kernel_id, job.arch, message, seconds)
+            yield self.errors.get((job.arch, job.kernel_id)) or CompileFailure(
+                job.kernel_id, job.arch, "the merge found no object for this kernel in the shards or the cache", 0.0)
+
+
+def shard_failure(shard: Shard, kernel_id: str, arch: str, row: dict, seconds: float) -> CompileFailure:
+    """A kernel that failed in ``shard``, as its shard's report recorded it: the compile-stage id, message and
+    facts of its diagnostic (the merge locates it in this checkout's catalog again)."""
+    recorded = row.get("diagnostic") if isinstance(row.get("diagnostic"), dict) else {}
+    message = recorded.get("message") or row.get("error") or f"failed in shard {shard.index}/{shard.count}"
+    return CompileFailure(kernel_id, arch, message, seconds, recorded.get("rule") or COMPILE_FAILED,
+                          recorded.get("facts") or {})
 
 
 def merge(root: Path, shard_paths: list[Path], out_dir: Path, cache_dir: Path, allow_partial: bool = False,
@@ -44,12 +52,12 @@ def merge(root: Path, shard_paths: list[Path], out_dir: Path, cache_dir: Path, a
     selection = _common_selection(shards)
     by_kernel = _check_against_checkout(root, shards, selection)
     cache = ContentCache(cache_dir)
-    errors: dict[tuple[str, str], tuple[str, float]] = {}
+    errors: dict[tuple[str, str], CompileFailure] = {}
     for (arch, kernel_id), (shard, kernel) in sorted(by_kernel.items()):
         row = shard.report_rows().get(kernel_id, {})
         seconds = float(row.get("compile_seconds", 0.0))
         if not kernel.ok:
-            errors[arch, kernel_id] = (row.get("error") or f"failed in shard {shard.index}/{shard.count}", seconds)
+            errors[arch, kernel_id] = shard_failure(shard, kernel_id, arch, row, seconds)
         elif cache.get("kernel", kernel.key) is None:
             files = {"kernel.o": shard.read(kernel.object_file, kernel.object_sha256),
                      "kernel.cubin": shard.read(kernel.cubin_file, kernel.cubin_sha256)}
@@ -89,20 +97,24 @@ def _check_against_checkout(root: Path, shards: list[Shard],
     planned = {(p.arch, p.kernel_id): p for p in plan(validated(root), selection)}
     problems = []
     for arch, kernel_id in sorted(planned.keys() - by_kernel.keys()):
-        problems.append(Diagnostic("SHARD-CATALOG", f"{kernel_id} ({arch}) is in the catalog but in no shard",
-                                   Location("catalog"), "build the shards from the same commit as the merge"))
+        problems.append(Diagnostic("SHARD-CATALOG", f"is in the catalog for {arch} but in no shard",
+                                   Location("catalog"), "build the shards from the same commit as the merge",
+                                   facts={"arch": arch}, subject=kernel_id))
     for arch, kernel_id in sorted(by_kernel.keys() - planned.keys()):
         shard = by_kernel[arch, kernel_id][0]
-        problems.append(Diagnostic("SHARD-CATALOG", f"{kernel_id} ({arch}) is in shard {shard.index}/{shard.count} "
+        problems.append(Diagnostic("SHARD-CATALOG", f"is in shard {shard.index}/{shard.count} for {arch} "
                                    "but not in the catalog", Location(str(shard.path)),
-                                   "build the shards from the same commit as the merge"))
+                                   "build the shards from the same commit as the merge",
+                                   facts={"arch": arch, "shard": [shard.index, shard.count]}, subject=kernel_id))
     for key in sorted(planned.keys() & by_kernel.keys()):
         shard, kernel = by_kernel[key]
         if kernel.key != planned[key].key:
             problems.append(Diagnostic(
-                "SHARD-STALE", f"{key[1]} ({key[0]}) in shard {shard.index}/{shard.count} was compiled from other "
+                "SHARD-STALE", f"for {key[0]} in shard {shard.index}/{shard.count} was compiled from other "
                 "inputs (source, options or toolchain) than this checkout would use", Location(str(shard.path)),
-                "build the shards and merge from the same commit with the same tilekiln-build wheels"))
+                "build the shards and merge from the same commit with the same tilekiln-build wheels",
+                facts={"arch": key[0], "shard": [shard.index, shard.count], "shard_key": kernel.key,
+                       "checkout_key": planned[key].key}, subject=key[1]))
     if problems:
         raise DiagnosticError(problems)
     return by_kernel

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Protocol
 
-from builder.compile import CompileFailure, CompileJob, CompileOutput, compile_job, prepare_worker
+from builder.compile import (COMPILE_CRASHED, COMPILE_NO_WORKERS, CompileFailure, CompileJob, CompileOutput,
+                             compile_job, prepare_worker)
 from builder.diagnostics import did_you_mean
 
 WORKER_MEMORY_BYTES = 300 * 2**20
@@ -97,7 +98,8 @@ class LocalExecutor:
                 for job in broken.waiting:
                     yield CompileFailure(job.kernel_id, job.arch,
                                          f"the compile workers cannot start ({broken.reason}); "
-                                         "check that `import cutlass.cute` works in this environment", 0.0)
+                                         "check that `import cutlass.cute` works in this environment", 0.0,
+                                         COMPILE_NO_WORKERS)
                 return
             waiting = broken.waiting
             for job in broken.started:
@@ -106,7 +108,7 @@ class LocalExecutor:
                 if alone.started or alone.waiting:
                     yield CompileFailure(job.kernel_id, job.arch,
                                          f"the compile worker died while compiling this kernel ({alone.reason}); "
-                                         "it crashed or was killed (out of memory?)", 0.0)
+                                         "it crashed or was killed (out of memory?)", 0.0, COMPILE_CRASHED)
                 else:
                     yield from results
 
@@ -173,7 +175,7 @@ class RayExecutor:
                 try:
                     yield ray.get(ref)
                 except Exception as exc:  # noqa: BLE001 - a lost worker or node
-                    yield CompileFailure(job.kernel_id, job.arch, f"ray task failed: {exc!r}", 0.0)
+                    yield CompileFailure(job.kernel_id, job.arch, f"ray task failed: {exc!r}", 0.0, COMPILE_CRASHED)
 
 
 def _ray_compile(job: CompileJob) -> Result:

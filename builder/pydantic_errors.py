@@ -62,10 +62,24 @@ def _diagnostic(path: tuple, errors: list[dict], doc: YamlDocument, rule: str,
     # Of a union's hints the most specific one: a close spelling, then the accepted form of a number or boolean.
     suggested = [(hint, close) for _, hint, close in found if close]
     typed = [hint for (_, hint, _), err in zip(found, errors) if err["type"] in ("int_type", "bool_type")]
+    facts = _facts(errors, value)
     if suggested:
-        return Diagnostic(rule, message, doc.locate(path), suggested[0][0], facts={"did_you_mean": suggested[0][1]})
+        return Diagnostic(rule, message, doc.locate(path), suggested[0][0],
+                          facts=facts | {"did_you_mean": suggested[0][1]})
     hint = typed[0] if typed else "; ".join(dict.fromkeys(hint for _, hint, _ in found if hint))
-    return Diagnostic(rule, message, doc.locate(path), hint)
+    return Diagnostic(rule, message, doc.locate(path), hint, facts=facts)
+
+
+def _facts(errors: list[dict], value: object) -> dict[str, object]:
+    """What pydantic decided on: its error types (stable ids such as ``int_type``), the scalar
+    input it rejected and the values its message was rendered from (``ctx``: ``expected``,
+    ``pattern``, limits such as ``ge``), less a model check's exception object."""
+    facts: dict[str, object] = {"pydantic_types": list(dict.fromkeys(err["type"] for err in errors))}
+    if errors[0]["type"] not in ("missing", "extra_forbidden") and not isinstance(value, (dict, list)):
+        facts["input"] = value
+    for err in errors:
+        facts |= {k: v for k, v in (err.get("ctx") or {}).items() if k != "error" and k not in facts}
+    return facts
 
 
 def _explain(err: dict, path: tuple, data: object, model: type[BaseModel]) -> tuple[str, str, str | None]:

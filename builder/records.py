@@ -6,6 +6,12 @@ that describes the object itself (entry points, traced shared memory, cubin
 resources). It is stored beside the object in the cache and in shard
 outputs, so a cached or merged kernel never has its cubin inspected again.
 It holds no timings: shard outputs must be byte-reproducible.
+
+A failed record carries its :class:`~builder.diagnostics.Diagnostic`: a
+compile-stage id (``COMPILE-FAILED``, ``COMPILE-SMEM-DRIFT``, ...; see
+``builder.compile.COMPILE_HINTS``), the kernel id as subject, the kernel's
+catalog entry as location and the facts that decided it. The build report
+lists it per kernel and ``--format json`` with the other diagnostics.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from builder.cubin import CubinInfo
+from builder.diagnostics import Diagnostic
 from builder.objfile import EntryPoints
 from builder.rules import KernelContext
 
@@ -35,6 +42,7 @@ class BuildRecord:
     entry: EntryPoints | None = None
     key: str = ""
     traced_smem_bytes: int = -1
+    diagnostic: Diagnostic | None = None  # why it failed (None for a record that passed)
 
     @property
     def ok(self) -> bool:
@@ -54,6 +62,8 @@ class BuildRecord:
                        cubin_bytes=len(self.cubin), sass=dict(self.info.census))
         if self.error:
             row["error"] = self.error_head
+        if self.diagnostic is not None:
+            row["diagnostic"] = self.diagnostic.to_json()
         return row
 
     def artifact_meta(self) -> dict:

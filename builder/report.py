@@ -46,10 +46,24 @@ def print_build_result(result: BuildResult, console: Console | None = None) -> N
             console.width = max(console.width, natural)
         console.print(table)
         for r in b.failed:
-            message = "\n  ".join(r.error_head.splitlines())
-            console.print(f"[red]failed[/red] {r.kernel_id} ({r.arch}):\n  {escape(message)}", highlight=False)
+            console.print(f"[red]failed[/red] {escape(_failure_head(r))}:\n  {escape(_indented(r.error_head))}",
+                          highlight=False)
+            if r.diagnostic is not None and r.diagnostic.hint:
+                console.print(f"  hint: {escape(r.diagnostic.hint)}", highlight=False)
         console.print(f"{b.bundle}: {len(b.records) - len(b.failed)} ok, {len(b.failed)} failed; "
                       f"{_where(b)}; report {b.report_path}", highlight=False)
+
+
+def _failure_head(r: BuildRecord) -> str:
+    """``KERNEL (ARCH)``, then, when the record has its diagnostic, its id and catalog location."""
+    head = f"{r.kernel_id} ({r.arch})"
+    if r.diagnostic is not None:
+        head += f" {r.diagnostic.rule} at {r.diagnostic.location}"
+    return head
+
+
+def _indented(text: str) -> str:
+    return "\n  ".join(text.splitlines())
 
 
 def print_outcome(result: BuildResult, seconds: float, console: Console | None = None) -> None:

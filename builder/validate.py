@@ -101,7 +101,8 @@ def check_catalog(catalog: Catalog, facts: FactTable, templates: TemplateSet, tu
             for d in exc.diagnostics:
                 if (d.message, rule_id) not in reported:
                     reported.add((d.message, rule_id))
-                    out.append(replace(d, message=f"{d.message} (rule {rule_id}, first needed by {where})"))
+                    out.append(replace(d, message=f"{d.message} (rule {rule_id}, first needed by {where})",
+                                       facts={**d.facts, "needed_by_rule": rule_id, "first_needed_by": where}))
             return out, True
 
     for entry in catalog.entries:
@@ -114,16 +115,16 @@ def check_catalog(catalog: Catalog, facts: FactTable, templates: TemplateSet, tu
                 "UNKNOWN-PIPELINE", str(exc).strip('"'), entry.locate("pipeline"),
                 (f"did you mean {close!r}? " if close else "")
                 + f"add catalog/hardware/{exc.name}.yaml or use one of {', '.join(exc.known)}",
-                facts={"did_you_mean": close}))
+                facts={"pipeline": exc.name, "known": list(exc.known), "did_you_mean": close}, subject=kid))
             continue
         serving = templates.serving(entry.config.pipeline, entry.config.family)
         if len(serving) > 1:
             names = ", ".join(f"{t.name} ({t.manifest_file})" for t in serving)
             diagnostics.append(Diagnostic(
-                "TEMPLATE-AMBIGUOUS", f"{kid}: templates {names} all implement family {entry.config.family} on "
+                "TEMPLATE-AMBIGUOUS", f"templates {names} all implement family {entry.config.family} on "
                 f"pipeline {entry.config.pipeline}", entry.locate("pipeline"),
                 "remove the pipeline or the family from all of their manifests but one",
-                facts={"templates": [t.name for t in serving]}))
+                facts={"templates": [t.name for t in serving]}, subject=kid))
             continue
         template = serving[0] if serving else None
         made, missing = run(lambda e: [make_context(e, pipeline_facts, template)], entry, "plan", kid)
@@ -133,9 +134,11 @@ def check_catalog(catalog: Catalog, facts: FactTable, templates: TemplateSet, tu
         ctx = made[0]
         if ctx is None:
             diagnostics.append(Diagnostic(
-                "TEMPLATE-SUPPORT", f"{kid}: template {template.name if template else '(none)'} cannot build "
+                "TEMPLATE-SUPPORT", f"template {template.name if template else '(none)'} cannot build "
                 f"pipeline {entry.config.pipeline}, whose MMA is {pipeline_facts.require('mma_instruction')}",
-                entry.locate("pipeline"), "add a template for this pipeline, or fix parameters.kind in its manifest"))
+                entry.locate("pipeline"), "add a template for this pipeline, or fix parameters.kind in its manifest",
+                facts={"template": template.name if template else None,
+                       "mma_instruction": pipeline_facts.require("mma_instruction")}, subject=kid))
             continue
         if kid in tuned:
             ctx = replace(ctx, tuned=True)

@@ -87,7 +87,8 @@ def _convert(node: yaml.Node, path: YamlPath, positions: dict, problems: list, n
                     "YAML-DUPLICATE-KEY", f"duplicate key {key!r} (first defined at line {first[0]})",
                     Location(name, key_node.start_mark.line + 1, key_node.start_mark.column + 1,
                              format_path(path + (key,))),
-                    "remove one of the two entries; YAML would silently keep only the last"))
+                    "remove one of the two entries; YAML would silently keep only the last",
+                    facts={"key": key, "first_line": first[0], "first_column": first[1]}))
                 continue
             out[key] = _convert(value_node, path + (key,), positions, problems, name)
             positions[path + (key,)] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)

@@ -23,8 +23,10 @@ def check_duplicates(kernels: tuple[KernelContext, ...]) -> Iterator[Diagnostic]
     for ctx in kernels:
         first = seen.setdefault(ctx.entry.kernel_id, ctx)
         if first is not ctx:
-            yield ctx.diag("DUPLICATE-ID", None, f"defined twice (first at {first.entry.locate()})",
-                           "remove one; two kernels with the same id would be indistinguishable in a bundle")
+            where = first.entry.locate()
+            yield ctx.diag("DUPLICATE-ID", None, f"defined twice (first at {where})",
+                           "remove one; two kernels with the same id would be indistinguishable in a bundle",
+                           first_file=where.file, first_line=where.line)
 
 
 def selection_key(ctx: KernelContext) -> tuple:
@@ -54,11 +56,12 @@ def check_shadowed(kernels: tuple[KernelContext, ...]) -> Iterator[Diagnostic]:
         if cfg.stages is not None and cfg.stages == ctx.plan.max_fitting_stages:
             yield ctx.diag("SHADOWED", "stages", f"stages {cfg.stages} is what auto derives; the kernel is the "
                            "stages: auto kernel under another id", "write stages: auto (or drop the kernel)",
-                           Severity.WARNING, auto_stages=ctx.plan.max_fitting_stages)
+                           Severity.WARNING, stages=cfg.stages, auto_stages=ctx.plan.max_fitting_stages)
         twin = built.setdefault(build_key(ctx), ctx)
         if twin is not ctx:
             yield ctx.diag("SHADOWED", None, f"builds the same code as {twin.entry.kernel_id} "
-                           f"({twin.entry.locate()})", "drop one of the two", Severity.WARNING)
+                           f"({twin.entry.locate()})", "drop one of the two", Severity.WARNING,
+                           same_code_as=twin.entry.kernel_id)
             continue
         rival = selected.setdefault(selection_key(ctx), ctx)
         if rival is not ctx:
@@ -70,4 +73,4 @@ def check_shadowed(kernels: tuple[KernelContext, ...]) -> Iterator[Diagnostic]:
                              f"({winner.entry.locate()}): same dtypes, layout, contract, tile M x N and cluster, "
                              "so its model ties and picks the smaller id; this kernel runs only if a tuning table "
                              "names it", "drop it, make it differ in tile M x N or cluster, or keep it for "
-                             "`tilekiln tune`", Severity.WARNING)
+                             "`tilekiln tune`", Severity.WARNING, selected_instead=winner.entry.kernel_id)

@@ -36,17 +36,18 @@ def check_tma_alignment(ctx: KernelContext) -> Iterator[Diagnostic]:
             yield ctx.diag("TMA-ALIGN", "dtypes", f"the contract asks {name} strides to be multiples of {div} "
                            f"{dtype.value} elements = {div * dtype.bits / 8:g} B, not a multiple of the {align}-byte "
                            "TMA stride unit (tma_alignment_bytes)", "fix the contract in builder/derive",
-                           tma_alignment_bytes=align)
+                           operand=name, stride_divisibility=div, element_bits=dtype.bits, tma_alignment_bytes=align)
     if plan.contract.base_alignment % align:
         yield ctx.diag("TMA-ALIGN", None, f"the contract's {plan.contract.base_alignment}-byte base alignment is not a "
-                       f"multiple of TMA's {align} bytes", "fix the contract in builder/derive")
+                       f"multiple of TMA's {align} bytes", "fix the contract in builder/derive",
+                       base_alignment=plan.contract.base_alignment, tma_alignment_bytes=align)
     for operand, inner, bits in _rows(ctx):
         if (inner * bits) % (8 * align):
             yield ctx.diag("TMA-ALIGN", "tile", f"a row of the {operand} tile is {inner} contiguous elements = "
                            f"{inner * bits / 8:g} B, not a multiple of {align} B (tma_alignment_bytes: "
                            "cuTensorMapEncodeTiled needs boxDim[0] x element size in 16-byte units)",
                            f"make the tile's contiguous dimension a multiple of {8 * align // bits} elements",
-                           tma_alignment_bytes=align)
+                           operand=operand, contiguous_elements=inner, element_bits=bits, tma_alignment_bytes=align)
 
 
 @rule("EPI-TILE", "the epilogue sub-tile divides the CTA tile")
@@ -60,5 +61,5 @@ def check_epilogue(ctx: KernelContext) -> Iterator[Diagnostic]:
         # (SIGABRT while compiling 128x40 and 128x48 tiles, DSL 4.8.1).
         yield ctx.diag("EPI-TILE", "tile", f"the template stores C in {plan.epi_m}x{plan.epi_n} sub-tiles, which "
                        f"do not tile the {t.m}x{t.n} CTA tile", f"use tile M a multiple of {plan.epi_m} and tile N "
-                       f"a multiple of {plan.epi_n}", epi_tile=[plan.epi_m, plan.epi_n])
+                       f"a multiple of {plan.epi_n}", tile=[t.m, t.n], epi_tile=[plan.epi_m, plan.epi_n])
 

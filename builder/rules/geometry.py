@@ -17,7 +17,7 @@ def check_cta_group(ctx: KernelContext) -> Iterator[Diagnostic]:
     if g not in groups:
         yield ctx.diag("CTA-GROUP", "cta_group", f"cta_group {g} is not an MMA form of pipeline "
                        f"{ctx.facts.pipeline} ({ctx.mma} MMAs span {' or '.join(map(str, groups))} CTA)",
-                       f"use cta_group {' or '.join(map(str, groups))}", mma_cta_groups=groups)
+                       f"use cta_group {' or '.join(map(str, groups))}", cta_group=g, mma_cta_groups=groups)
 
 
 def _tcgen05_m_fact(ctx: KernelContext) -> str:
@@ -33,17 +33,20 @@ def check_tile_m(ctx: KernelContext) -> Iterator[Diagnostic]:
         mma_m = ctx.facts.require("mma_m_per_warpgroup")
         if tm % mma_m:
             yield ctx.diag("MMA-TILE-M", "tile", f"tile M {tm} is not a multiple of the {mma_m}-row warpgroup MMA",
-                           f"use {max(mma_m, tm // mma_m * mma_m)} or {(tm // mma_m + 1) * mma_m}", mma_m=mma_m)
+                           f"use {max(mma_m, tm // mma_m * mma_m)} or {(tm // mma_m + 1) * mma_m}", tile_m=tm,
+                           mma_m=mma_m)
         elif cfg.schedule is Schedule.PINGPONG and ctx.template is not None and tm > (
                 rows := mma_m * ctx.template.manifest.parameters.max_pingpong_row_blocks):
             yield ctx.diag("MMA-TILE-M", "tile", f"tile M {tm} is more than the {rows} rows a ping-pong consumer "
                            f"of {ctx.template.path.name} computes",
                            f"use tile M {' or '.join(str(mma_m * b) for b in range(1, rows // mma_m + 1))}, "
-                           "or schedule cooperative", max_pingpong_tile_m=rows)
+                           "or schedule cooperative", tile_m=tm, max_pingpong_tile_m=rows)
         elif ctx.plan.wg_tile_m % mma_m:
             yield ctx.diag("MMA-TILE-M", "tile", f"tile M {tm} splits into {ctx.plan.wg_tile_m} rows per consumer "
                            f"warpgroup, not a multiple of {mma_m}",
-                           f"use a multiple of {mma_m * ctx.plan.consumer_wgs}")
+                           f"use a multiple of {mma_m * ctx.plan.consumer_wgs}", tile_m=tm,
+                           rows_per_warpgroup=ctx.plan.wg_tile_m, consumer_warpgroups=ctx.plan.consumer_wgs,
+                           mma_m=mma_m)
         return
     if cfg.cta_group not in ctx.facts.require("mma_cta_groups"):
         return  # CTA-GROUP reports it; there is no M table for it
@@ -56,7 +59,8 @@ def check_tile_m(ctx: KernelContext) -> Iterator[Diagnostic]:
         tiles = ", ".join(str(m // cfg.cta_group) for m in allowed)
         yield ctx.diag("MMA-TILE-M", "tile", f"tile M {tm}{pair} is not a legal {kind}MMA M of pipeline "
                        f"{ctx.facts.pipeline} with cta_group {cfg.cta_group} ({name}: "
-                       f"{', '.join(map(str, allowed))})", f"use tile M {tiles}", **{name: allowed})
+                       f"{', '.join(map(str, allowed))})", f"use tile M {tiles}", tile_m=tm, cta_group=cfg.cta_group,
+                       mma_m=mma_m, **{name: allowed})
 
 
 @rule("MMA-TILE-N", "the CTA tile N is an MMA instruction N for the CTA group and B's majorness")
@@ -69,7 +73,7 @@ def check_tile_n(ctx: KernelContext) -> Iterator[Diagnostic]:
         yield ctx.diag("MMA-TILE-N", "tile", f"tile N {tn} is not an MMA N of pipeline {ctx.facts.pipeline}"
                        f"{' under a 2-CTA MMA' if name == 'mma_n_2cta' else ''} ({name}: {rng})",
                        f"use a multiple of {rng.step} between {rng.min} and {rng.max}",
-                       mma_n_min=rng.min, mma_n_max=rng.max, mma_n_step=rng.step)
+                       tile_n=tn, mma_n_min=rng.min, mma_n_max=rng.max, mma_n_step=rng.step)
         return
     b = cfg.dtypes.b
     if (ctx.mma == "tcgen05" and b.bits == 8 and not cfg.layout.b_k_major
@@ -78,7 +82,7 @@ def check_tile_n(ctx: KernelContext) -> Iterator[Diagnostic]:
         if step and tn % step:
             yield ctx.diag("MMA-TILE-N", "tile", f"tile N {tn}: an N-major 8-bit B ({b.value}) needs MMA N in "
                            f"steps of {step} with cta_group {cfg.cta_group} (mma_n_step_mn_major_8bit)",
-                           f"use a multiple of {step}, or B K-major (layout tn/nn)", mma_n_step=step)
+                           f"use a multiple of {step}, or B K-major (layout tn/nn)", tile_n=tn, mma_n_step=step)
 
 
 @rule("MMA-TILE-K", "the CTA tile K is a whole number of MMA instruction K widths")
@@ -92,7 +96,8 @@ def check_tile_k(ctx: KernelContext) -> Iterator[Diagnostic]:
         lower = max(step, cfg.tile.k // step * step)
         yield ctx.diag("MMA-TILE-K", "tile", f"tile K {cfg.tile.k} ({tile_k_bytes} B of {cfg.dtypes.a.value}) is "
                        f"not a multiple of pipeline {ctx.facts.pipeline}'s {k_bytes}-byte MMA K (mma_k_bytes)",
-                       f"use a multiple of {step} elements, e.g. {lower} or {lower + step}", mma_k_bytes=k_bytes)
+                       f"use a multiple of {step} elements, e.g. {lower} or {lower + step}", tile_k=cfg.tile.k,
+                       tile_k_bytes=tile_k_bytes, mma_k_bytes=k_bytes)
 
 
 @rule("CTA-K-BYTES", "the CTA tile K bytes are within (or equal to) the pipeline's per-stage K")
@@ -107,13 +112,15 @@ def check_cta_k(ctx: KernelContext) -> Iterator[Diagnostic]:
         if k_bytes != fixed:
             yield ctx.diag("CTA-K-BYTES", "tile", f"tile K {cfg.tile.k} is {k_bytes} B of {cfg.dtypes.a.value}; "
                            f"pipeline {ctx.facts.pipeline} fixes the CTA K at {fixed} B (cta_k_bytes_fixed)",
-                           f"use tile K {fixed * 8 // bits}", cta_k_bytes_fixed=fixed)
+                           f"use tile K {fixed * 8 // bits}", tile_k=cfg.tile.k, tile_k_bytes=k_bytes,
+                           cta_k_bytes_fixed=fixed)
         return
     limit = ctx.facts.require("cta_k_bytes_max")
     if k_bytes > limit:
         yield ctx.diag("CTA-K-BYTES", "tile", f"tile K {cfg.tile.k} is {k_bytes} B of {cfg.dtypes.a.value}, over "
                        f"pipeline {ctx.facts.pipeline}'s {limit} B per stage (cta_k_bytes_max)",
-                       f"use tile K <= {limit * 8 // bits} and more stages", cta_k_bytes_max=limit)
+                       f"use tile K <= {limit * 8 // bits} and more stages", tile_k=cfg.tile.k, tile_k_bytes=k_bytes,
+                       cta_k_bytes_max=limit)
 
 
 @rule("BLOCK-SCALE-TILE", "a block-scaled tile K covers whole scale-factor atoms")
@@ -127,7 +134,7 @@ def check_block_scale_tile(ctx: KernelContext) -> Iterator[Diagnostic]:
         yield ctx.diag("BLOCK-SCALE-TILE", "tile", f"tile K {cfg.tile.k} is not a multiple of {need} elements: a "
                        f"scale-factor atom holds {blocks} blocks of {cfg.block_scale.block} along K "
                        "(block_scale_atom_k_blocks)", f"use a multiple of {need}",
-                       block_scale_atom_k_blocks=blocks)
+                       tile_k=cfg.tile.k, scale_block=cfg.block_scale.block, block_scale_atom_k_blocks=blocks)
 
 
 @rule("CLUSTER-SHAPE", "the cluster fits the pipeline's cluster limit and has power-of-two dims")
@@ -137,13 +144,15 @@ def check_cluster(ctx: KernelContext) -> Iterator[Diagnostic]:
     if c.size > limit:
         yield ctx.diag("CLUSTER-SHAPE", "cluster", f"cluster {c.m}x{c.n} has {c.size} CTAs, over pipeline "
                        f"{ctx.facts.pipeline}'s limit of {limit} (max_cluster_size)",
-                       f"use at most {limit} CTAs per cluster", max_cluster_size=limit)
+                       f"use at most {limit} CTAs per cluster", cluster=[c.m, c.n], cluster_size=c.size,
+                       max_cluster_size=limit)
     if ctx.facts.require("cluster_dims_power_of_two"):
         for name, v in (("M", c.m), ("N", c.n)):
             if v & (v - 1):
                 lower = 1 << (v.bit_length() - 1)
                 yield ctx.diag("CLUSTER-SHAPE", "cluster", f"cluster {name} = {v} is not a power of two "
-                               "(cluster_dims_power_of_two)", f"use {lower} or {lower * 2}")
+                               "(cluster_dims_power_of_two)", f"use {lower} or {lower * 2}", cluster=[c.m, c.n],
+                               cluster_dims_power_of_two=True)
 
 
 @rule("CTA-PAIR", "a 2-CTA MMA's pair fits inside the cluster along M")
@@ -153,4 +162,4 @@ def check_cta_pair(ctx: KernelContext) -> Iterator[Diagnostic]:
     if g > 1 and cfg.cluster.m % g:
         yield ctx.diag("CTA-PAIR", "cluster", f"cta_group {g} pairs CTAs along M, but cluster M is {cfg.cluster.m}, "
                        f"not a multiple of {g}", f"use cluster [{g * max(1, cfg.cluster.m // g)}, {cfg.cluster.n}] "
-                       "or cta_group 1", cta_group=g)
+                       "or cta_group 1", cta_group=g, cluster_m=cfg.cluster.m)

@@ -50,7 +50,7 @@ def check_smem(ctx: KernelContext) -> Iterator[Diagnostic]:
     smem = plan.smem
     fitting = _budget_stages(plan)
     name = plan.smem_budget_name if isinstance(plan, Tcgen05Plan) else "opt-in limit"
-    numbers = dict(smem_bytes=smem.total, smem_budget=plan.smem_budget, max_stages=fitting)
+    numbers = dict(stages=plan.stages, smem_bytes=smem.total, smem_budget=plan.smem_budget, max_stages=fitting)
     if _over(ctx) and _fits_unrequested_carveout(ctx):
         return  # SMEM-CARVEOUT explains it
     if fitting == 0:
@@ -80,7 +80,8 @@ def check_carveout(ctx: KernelContext) -> Iterator[Diagnostic]:
                    f"(smem_per_block_optin); pipeline {ctx.facts.pipeline}'s {carveout} B oversized carveout "
                    f"(smem_oversized_carveout) would hold it, but only a launch that requests it gets it, and {who}",
                    f"use stages <= {plan.max_budget_stages} (within the opt-in limit), or a template whose launch "
-                   "requests the oversized carveout", smem_bytes=plan.smem.total, smem_per_block_optin=plan.smem_optin,
+                   "requests the oversized carveout", stages=plan.stages, smem_bytes=plan.smem.total,
+                   smem_per_block_optin=plan.smem_optin,
                    smem_oversized_carveout=carveout, max_stages=plan.max_budget_stages)
 
 
@@ -98,7 +99,7 @@ def check_descriptor_reach(ctx: KernelContext) -> Iterator[Diagnostic]:
                    f"the operand rings end at byte {end} of shared memory, past the {limit} B the MMA descriptor "
                    "can address (smem_descriptor_limit: 14 bits of address >> 4); operands beyond it wrap "
                    "silently and the kernel computes garbage", f"use stages <= {fitting} or a smaller tile",
-                   operand_end=end, smem_descriptor_limit=limit, max_stages=fitting)
+                   stages=plan.stages, operand_end=end, smem_descriptor_limit=limit, max_stages=fitting)
 
 
 @rule("TMEM-COLUMNS", "the accumulator stages fit the tensor-memory columns")
@@ -115,14 +116,15 @@ def check_tmem(ctx: KernelContext) -> Iterator[Diagnostic]:
         yield ctx.diag("TMEM-COLUMNS", "tile", f"{shape} need {cols} TMEM columns, over pipeline "
                        f"{ctx.facts.pipeline}'s {total} (tmem_columns)",
                        f"use tile N <= {cfg.tile.n * total // cols // 8 * 8}, or at most {total // per_stage} "
-                       "accumulator stages in the template", tmem_columns=total, tmem_acc_columns=cols)
+                       "accumulator stages in the template", acc_stages=plan.acc_stages, tmem_columns=total,
+                       tmem_acc_columns=cols)
     elif ctx.facts.has("tmem_exclusive_above") and cols > ctx.facts.require("tmem_exclusive_above"):
         above = ctx.facts.require("tmem_exclusive_above")
         yield ctx.diag("TMEM-COLUMNS", "tile", f"{shape} need {cols} TMEM columns, more than {above} "
                        "(tmem_exclusive_above): the kernel must allocate all of tensor memory exclusively, so no "
                        "second CTA can share the SM", f"use tile N <= {cfg.tile.n * above // cols // 8 * 8} to "
-                       "allocate a power of two", Severity.WARNING, tmem_acc_columns=cols,
-                       tmem_exclusive_above=above)
+                       "allocate a power of two", Severity.WARNING, acc_stages=plan.acc_stages,
+                       tmem_acc_columns=cols, tmem_exclusive_above=above)
 
 
 @rule("REGISTER-BUDGET", "accumulators fit the consumer warpgroups' registers (warpgroup MMA)")
@@ -138,9 +140,11 @@ def check_registers(ctx: KernelContext) -> Iterator[Diagnostic]:
     if plan.acc_regs_per_thread + headroom > plan.consumer_regs:
         yield ctx.diag("REGISTER-BUDGET", "tile", f"{plan.acc_regs_per_thread} accumulator registers per thread "
                        f"plus {headroom} working registers exceed the {plan.consumer_regs} a consumer thread gets",
-                       "use a smaller tile M x N", acc_regs=plan.acc_regs_per_thread,
+                       "use a smaller tile M x N", acc_regs=plan.acc_regs_per_thread, headroom_regs=headroom,
                        consumer_regs=plan.consumer_regs)
     for name, regs in (("producer", plan.producer_regs), ("consumer", plan.consumer_regs)):
         if regs not in rng:
             yield ctx.diag("REGISTER-BUDGET", None, f"{name} register count {regs} is not a legal setmaxnreg "
-                           f"value ({rng})", f"fix producer_registers in {ctx.template.manifest_file}")
+                           f"value ({rng})", f"fix producer_registers in {ctx.template.manifest_file}",
+                           warpgroup=name, registers=regs, setmaxnreg_min=rng.min, setmaxnreg_max=rng.max,
+                           setmaxnreg_step=rng.step)

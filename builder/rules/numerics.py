@@ -18,7 +18,7 @@ def check_targets(ctx: KernelContext) -> Iterator[Diagnostic]:
                            f"{ctx.facts.pipeline} ({ctx.facts.file} lists {', '.join(known)})",
                            (f"did you mean {close!r}? " if close else "")
                            + f"use one of {', '.join(known)}, or move the kernel to the pipeline that has {t}",
-                           targets=list(known), did_you_mean=close)
+                           target=t, targets=list(known), did_you_mean=close)
 
 
 @rule("TEMPLATE-SUPPORT", "a template serves the pipeline and implements the config")
@@ -33,7 +33,8 @@ def check_template(ctx: KernelContext) -> Iterator[Diagnostic]:
     if why:
         field, reason = why
         yield ctx.diag("TEMPLATE-SUPPORT", field, f"template {ctx.template.name}: {reason}",
-                       f"pick an offered value or extend the template and {ctx.template.manifest_file}")
+                       f"pick an offered value or extend the template and {ctx.template.manifest_file}",
+                       template=ctx.template.name)
 
 
 def _targets_outside(ctx: KernelContext, only_on: list[tuple[int, int]]) -> Iterator[tuple[str, list]]:
@@ -70,12 +71,13 @@ def check_dtypes(ctx: KernelContext) -> Iterator[Diagnostic]:
     field = "block_scale" if scale is not None and any((c.a, c.b) == (d.a, d.b) for c in combos) else "dtypes"
     if not match:
         yield ctx.diag("DTYPE-COMBO", field, f"{what} is not an MMA of pipeline {ctx.facts.pipeline}",
-                       f"use one of: {offered}")
+                       f"use one of: {offered}", dtypes=[d.a, d.b, d.acc, d.c], offered=offered)
         return
     if d.c not in match[0].c:
         yield ctx.diag("DTYPE-COMBO", "dtypes", f"output type {d.c.value} is not written from {d.acc.value} "
                        f"accumulators on pipeline {ctx.facts.pipeline}",
-                       f"use c: {' or '.join(x.value for x in match[0].c)}")
+                       f"use c: {' or '.join(x.value for x in match[0].c)}", c=d.c, acc=d.acc,
+                       offered_c=list(match[0].c))
 
 
 @rule("DTYPE-ARCH", "the MMA kind exists on every compute capability each target's cubin may run on")
@@ -94,7 +96,7 @@ def check_dtype_arch(ctx: KernelContext) -> Iterator[Diagnostic]:
         yield ctx.diag("DTYPE-ARCH", "targets", f"this MMA kind exists only on SM {_cc(only_on)}, but an {name} "
                        f"cubin may run on SM {_cc(outside)}",
                        "drop the target (an 'f' target also runs on later minors of its family) or the dtype",
-                       only_on=[list(cc) for cc in only_on], outside=[list(cc) for cc in outside])
+                       target=name, only_on=[list(cc) for cc in only_on], outside=[list(cc) for cc in outside])
 
 
 @rule("LAYOUT-DTYPE", "operands stored MN-major use a type the MMA can read transposed")
@@ -106,7 +108,7 @@ def check_layout(ctx: KernelContext) -> Iterator[Diagnostic]:
             yield ctx.diag("LAYOUT-DTYPE", "layout", f"operand {name} is MN-major but {dtype.value} operands "
                            f"must be K-major on {ctx.facts.pipeline} (transposed MMA operands: "
                            f"{', '.join(x.value for x in allowed) or 'none'})", "use layout tn for this dtype",
-                           mn_major_dtypes=[x.value for x in allowed])
+                           operand=name, dtype=dtype, mn_major_dtypes=[x.value for x in allowed])
 
 
 @rule("SCHEDULE", "the consumer schedule exists for the pipeline's MMA instruction")
@@ -117,11 +119,12 @@ def check_schedule(ctx: KernelContext) -> Iterator[Diagnostic]:
                        f"MMAs; pipeline {ctx.facts.pipeline} issues {ctx.mma} MMAs from one thread into tensor "
                        "memory, where accumulator double-buffering does that job",
                        "remove schedule (tcgen05 templates overlap the epilogue with the next tile's MMAs)",
-                       mma_instruction=ctx.mma)
+                       schedule=cfg.schedule, mma_instruction=ctx.mma)
 
 
 @rule("SWIZZLE", "the raster swizzle is a power of two")
 def check_swizzle(ctx: KernelContext) -> Iterator[Diagnostic]:
     s = ctx.entry.config.swizzle
     if s & (s - 1) or s > 16:
-        yield ctx.diag("SWIZZLE", "swizzle", f"swizzle {s} is not a power of two up to 16", "use 1, 2, 4, 8 or 16")
+        yield ctx.diag("SWIZZLE", "swizzle", f"swizzle {s} is not a power of two up to 16", "use 1, 2, 4, 8 or 16",
+                       swizzle=s, max_swizzle=16)

@@ -37,8 +37,10 @@ class KernelContext:
 
     def diag(self, rule: str, field: str | None, message: str, hint: str,
              severity: Severity = Severity.ERROR, **facts: object) -> Diagnostic:
-        return Diagnostic(rule, f"{self.entry.kernel_id}: {message}", self.entry.locate(field), hint,
-                          severity, facts)
+        """A diagnostic about this kernel (its id is the ``subject``) at ``field``'s value, or at the
+        whole catalog item when ``field`` is None; ``facts`` are the numbers the rule decided on."""
+        return Diagnostic(rule, message, self.entry.locate(field), hint, severity, facts,
+                          subject=self.entry.kernel_id)
 
 
 KernelRuleFn = Callable[[KernelContext], Iterable[Diagnostic]]

@@ -8,6 +8,7 @@ the sha256 of every file but ``build-report.json``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -26,6 +27,7 @@ import builder.build as build_module
 from builder.build import BuildRequest, Selection, build
 from builder.cache import ContentCache
 from builder.cli import main as cli
+from builder.compile import CompileOutput
 from builder.diagnostics import DiagnosticError
 from builder.merge import merge
 from builder.parallel import LocalExecutor
@@ -243,6 +245,97 @@ def test_a_failing_kernel_keeps_the_others_and_the_previous_bundle(small, tmp_pa
     bundle_report = json.loads((out / "sm90a" / "build-report.json").read_text())
     assert {r["kernel"]: r["status"] for r in bundle_report["kernels"]} == {LARGE_ID: "cached", SMALL_ID: "failed"}
     assert not (out / "sm90a.build-report.json").exists(), "a stale failure report must go"
+
+
+# The second kernel's catalog entry in SMALL_CATALOG (tests/compile/conftest.py): `  - tile: [64, 128, 64]`.
+SMALL_AT = {"file": "catalog/gemm/sm90.yaml", "line": 9, "column": 5, "path": "kernels[1]"}
+
+
+def test_a_failing_compile_is_a_diagnostic_with_its_id_in_the_report_json_and_github(small, tmp_path):
+    project = failing_project(small, tmp_path / "project")
+    out, cache = tmp_path / "out", copy_cache(small, tmp_path / "cache")
+    args = ["--root", str(project), "build", "--out", str(out), "--cache", str(cache), "--progress", "none"]
+    res = CliRunner().invoke(cli, [*args, "--format", "json"])
+    assert res.exit_code == 1, res.output
+    (d,) = json.loads(res.stdout)
+    assert (d["rule"], d["subject"], d["location"]) == ("COMPILE-FAILED", SMALL_ID, SMALL_AT)
+    assert d["facts"] == {"arch": "sm_90a", "exception": "RuntimeError"} and d["hint"]
+    rows = {r["kernel"]: r for r in json.loads((out / "sm90a.build-report.json").read_text())["kernels"]}
+    assert rows[SMALL_ID]["diagnostic"] == d and "diagnostic" not in rows[LARGE_ID]
+    assert "COMPILE-FAILED at catalog/gemm/sm90.yaml:9:5" in res.stderr, "the table's failure line"
+
+    res = CliRunner().invoke(cli, [*args, "--format", "github"])
+    assert res.exit_code == 1, res.output
+    (line,) = res.stdout.splitlines()
+    assert line.startswith(f"::error file=catalog/gemm/sm90.yaml,line=9,col=5,title=COMPILE-FAILED ({SMALL_ID})::")
+
+
+def test_a_kernel_that_failed_in_its_shard_keeps_its_id_through_the_merge(small, tmp_path):
+    project = failing_project(small, tmp_path / "project")
+    out, cache = tmp_path / "out", copy_cache(small, tmp_path / "cache")
+    for index in (1, 2):
+        run(project, out, cache, selection=Selection(shard=(index, 2)))
+    merged = merge(project, [out / "shards"], tmp_path / "merged", tmp_path / "merge-cache", progress="none")
+    (d,) = merged.failures
+    assert (d.rule, d.subject, d.location.line, d.location.path) == ("COMPILE-FAILED", SMALL_ID, 9, "kernels[1]")
+    assert d.facts == {"arch": "sm_90a", "exception": "RuntimeError"}
+
+
+@pytest.fixture(scope="module")
+def small_output(small) -> CompileOutput:
+    """SMALL_ID compiled once for sm_90a; the drift tests hand back altered copies of it."""
+    (planned,) = build_module.plan(build_module.validated(small.project), Selection(only=(SMALL_ID,)))
+    (result,) = LocalExecutor(1).run([planned.job])
+    assert isinstance(result, CompileOutput), result
+    return result
+
+
+@dataclass
+class Replay:
+    """An executor that compiles nothing: it returns ``output`` with the fields in ``changes``."""
+
+    output: CompileOutput
+    changes: dict
+    name: str = "replay"
+
+    def run(self, jobs):
+        for job in jobs:
+            assert (job.kernel_id, job.arch) == (self.output.kernel_id, self.output.arch)
+            yield dataclasses.replace(self.output, **self.changes)
+
+
+@pytest.mark.parametrize("drift", ["smem", "arch", "toolchain"])
+def test_an_object_that_is_not_what_the_build_asked_for_fails_with_its_id(drift, small, small_output, tmp_path,
+                                                                          monkeypatch):
+    """The checks after a compile (builder/build.py: _drift), forced: the traced shared memory off the
+    validator's model by 1 KiB, a cubin that records sm_90 for sm_90a, another worker toolchain."""
+    changes, facts = {}, {"arch": "sm_90a"}
+    if drift == "smem":
+        rule = "COMPILE-SMEM-DRIFT"
+        changes["traced_smem_bytes"] = small_output.traced_smem_bytes + 1024
+        facts |= {"traced_bytes": small_output.traced_smem_bytes + 1024, "model_bytes": small_output.traced_smem_bytes,
+                  "static_bytes": small_output.info.static_smem_bytes,
+                  "model_static_bytes": small_output.info.static_smem_bytes}
+    elif drift == "arch":
+        rule = "COMPILE-ARCH-DRIFT"
+        monkeypatch.setattr("builder.build.compiled_for", lambda cubin: "sm_90")
+        facts |= {"requested_arch": "sm_90a", "cubin_arch": "sm_90"}
+    else:
+        rule = "TOOLCHAIN-MISMATCH"
+        changes["toolchain"] = ("another-dsl", "another-cuobjdump")
+        facts |= {"worker_toolchain": ["another-dsl", "another-cuobjdump"],
+                  "build_toolchain": [build_module.compiler_fingerprint(), build_module.inspector_fingerprint()]}
+    monkeypatch.setattr("builder.parallel.make_executor", lambda spec, jobs: Replay(small_output, changes))
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    res = CliRunner().invoke(cli, ["--root", str(small.project), "build", "--out", str(out), "--cache", str(cache),
+                                   "--only", SMALL_ID, "--progress", "none", "--format", "json"])
+    assert res.exit_code == 1, res.output
+    (d,) = json.loads(res.stdout)
+    assert (d["rule"], d["subject"], d["location"]) == (rule, SMALL_ID, SMALL_AT)
+    assert d["facts"] == facts
+    (row,) = json.loads((out / "sm90a.build-report.json").read_text())["kernels"]
+    assert row["status"] == "failed" and row["diagnostic"] == d
+    assert all_entries_valid(cache)["kernel"] == 0, "an object that failed a check is never cached"
 
 
 def test_a_library_that_needs_a_newer_glibc_than_the_catalog_targets_fails_the_build(small, tmp_path, monkeypatch):

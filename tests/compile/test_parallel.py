@@ -19,5 +19,8 @@ def test_a_kernel_that_kills_its_worker_fails_alone():
     assert sorted(results) == sorted(j.kernel_id for j in jobs), "one result per job"
     assert all(isinstance(r, CompileFailure) for r in results.values())
     assert "compile worker died" in results["kills"].message
+    assert results["kills"].rule == "COMPILE-CRASHED"
     for name in ("a", "b", "c"):
         assert f"ValueError: bad kernel {name}" in results[f"raises_{name}"].message
+        assert results[f"raises_{name}"].rule == "COMPILE-FAILED"
+        assert results[f"raises_{name}"].facts == {"exception": "ValueError"}

@@ -16,7 +16,7 @@ from builder.build import BundleResult, BuildResult
 from builder.cli import main as cli
 from builder.compile import CompileFailure, CompileJob
 from builder.cubin import CubinInfo
-from builder.diagnostics import DiagnosticError
+from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.merge import _common_selection
 from builder.progress import BuildProgress
 from builder.records import BuildRecord
@@ -74,6 +74,7 @@ def test_workers_that_cannot_start_fail_every_job_once(tmp_path, monkeypatch):
     results = list(parallel.LocalExecutor(2).run(jobs))
     assert sorted(r.kernel_id for r in results) == ["k0", "k1", "k2"]
     assert all(isinstance(r, CompileFailure) and "compile workers cannot start" in r.message for r in results)
+    assert {r.rule for r in results} == {"COMPILE-NO-WORKERS"}
 
 
 def test_no_progress_prints_nothing(capsys):
@@ -95,6 +96,22 @@ def test_the_table_is_not_cut_in_a_narrow_log(tmp_path):
     assert "[bold]deliberate[/bold]" in text, "error text is printed literally, not as markup"
     assert "second line" in text and text.count("more") == 10, "the first lines of the error"
     assert "previous one is untouched" in text
+
+
+def test_a_failed_kernel_shows_its_id_location_and_hint_and_reports_its_diagnostic(tmp_path):
+    where = Location("catalog/gemm/sm90.yaml", 9, 5, "kernels[1]")
+    problem = Diagnostic("COMPILE-SMEM-DRIFT", "the kernel uses 1 B, the model says 2", where, "fix the model",
+                         facts={"arch": "sm_90a", "traced_bytes": 1, "model_bytes": 2}, subject=LONG_ID)
+    failed = BuildRecord(LONG_ID, "sm_90a", "failed", 0.4, error=problem.message, diagnostic=problem)
+    result = BuildResult((BundleResult("sm90a", "sm_90a", (failed,), None, tmp_path / "r.json"),))
+    assert result.failures == (problem,)
+    out = io.StringIO()
+    print_build_result(result, Console(file=out, width=80, soft_wrap=True))
+    text = out.getvalue()
+    assert f"{LONG_ID} (sm_90a) COMPILE-SMEM-DRIFT at catalog/gemm/sm90.yaml:9:5" in text
+    assert "hint: fix the model" in text
+    row = failed.report()
+    assert row["diagnostic"] == problem.to_json() and row["diagnostic"]["facts"]["traced_bytes"] == 1
 
 
 @pytest.mark.parametrize("args, needle", [

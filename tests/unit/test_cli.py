@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from builder import entry
 from builder.build import BuildRequest, Selection, build
 from builder.cli import main
-from builder.diagnostics import JSON_KEYS, DiagnosticError
+from builder.diagnostics import JSON_KEYS, LOCATION_KEYS, DiagnosticError
 from builder.parallel import LocalExecutor
 from tests.fixture_catalogs import ROOT, expectations
 
@@ -28,13 +28,14 @@ def test_broken_catalog_reports_every_mistake_at_its_line():
     assert result.exit_code == 1, result.output
     records = json.loads(result.stdout)
     assert isinstance(records, list) and records
-    assert all(tuple(r) == JSON_KEYS for r in records), "exactly {file, line, column, rule, severity, message, hint}"
+    assert all(tuple(r) == JSON_KEYS and tuple(r["location"]) == LOCATION_KEYS for r in records), \
+        "exactly {rule, severity, subject, message, hint, location: {file, line, column, path}, facts}"
     expected = {(e.file, e.line, e.rule) for e in expectations(*sorted((BROKEN / "gemm").glob("*.yaml")))}
     assert len({rule for _, _, rule in expected}) >= 15, "the fixture must hold at least 15 distinct mistakes"
-    reported = {(r["file"].rsplit("/", 1)[-1], r["line"], r["rule"]) for r in records}
+    reported = {(r["location"]["file"].rsplit("/", 1)[-1], r["location"]["line"], r["rule"]) for r in records}
     assert expected - reported == set(), "mistakes not reported at their line"
     assert reported - expected == set(), "diagnostics at lines the fixture does not mark"
-    assert all(r["message"] and r["hint"] and r["column"] for r in records)
+    assert all(r["message"] and r["hint"] and r["location"]["column"] for r in records)
 
 
 def test_github_format_is_one_annotation_per_problem():
