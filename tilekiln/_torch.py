@@ -254,7 +254,7 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
                            kernel, allow_split=True, requested=requested)
         bundle.remember(key, plan)
     if plan.unfused:
-        return _unfused(plan, bundle, a, b, out, stream, kernel)
+        return _apply_unfused(plan, run_gemm(bundle, a, b, None, stream, kernel), out, stream)
     if out is None:
         out = _allocate(plan.problem.out_shape, plan.problem.k, a.dtype, a.device)
     block = plan.block
@@ -280,10 +280,10 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
     return out
 
 
-def _unfused(plan, bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, kernel):
-    """The plain GEMM on a kernel, then the requested epilogue no kernel computes, in torch."""
-    result = run_gemm(bundle, a, b, None, stream, kernel)
-    with _on_stream(stream, a.get_device()):
+def _apply_unfused(plan, result: Tensor, out: Tensor | None, stream) -> Tensor:
+    """``result`` (the plain GEMM a kernel computed) with the requested epilogue no kernel computes
+    applied by torch, into ``out`` if given."""
+    with _on_stream(stream, result.get_device()):
         for name, value in plan.unfused:
             result = UNFUSED[name](value, result)
         if out is None:
@@ -306,14 +306,8 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
             _check_scale(name, scale, plan.problem.device)
         bundle.remember(key, plan)
     if plan.unfused:
-        result = run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, None, stream, kernel)
-        with _on_stream(stream, a.get_device()):
-            for name, value in plan.unfused:
-                result = UNFUSED[name](value, result)
-            if out is None:
-                return result
-            out.copy_(result)
-        return out
+        return _apply_unfused(plan, run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, None, stream, kernel),
+                              out, stream)
     if out is None:
         out = _allocate(plan.problem.out_shape, plan.problem.k, out_dtype, a.device)
     if plan.block is None:

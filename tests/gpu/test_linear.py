@@ -12,18 +12,6 @@ ACTIVATIONS = ("relu", "silu", "gelutanh", "geluerf")
 SHAPES = ((1, 512, 1024), (37, 1024, 520), (300, 2048, 1536), (2048, 4096, 1024))
 
 
-@pytest.fixture(scope="module")
-def torch():
-    import torch
-
-    return torch
-
-
-@pytest.fixture(scope="module")
-def bundle(gpu_bundle_dir):
-    import tilekiln
-
-    return tilekiln.load(gpu_bundle_dir)
 
 
 def reference(torch, name):

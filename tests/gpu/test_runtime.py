@@ -12,18 +12,6 @@ pytestmark = pytest.mark.gpu
 FUZZ_CALLS = 1000
 
 
-@pytest.fixture(scope="module")
-def torch():
-    import torch
-
-    return torch
-
-
-@pytest.fixture(scope="module")
-def bundle(gpu_bundle_dir):
-    import tilekiln
-
-    return tilekiln.load(gpu_bundle_dir)
 
 
 def _operand(torch, rows, cols, dtype, transposed, batch, gen, extra):

@@ -10,18 +10,6 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def torch():
-    import torch
-
-    return torch
-
-
-@pytest.fixture(scope="module")
-def bundle(gpu_bundle_dir):
-    import tilekiln
-
-    return tilekiln.load(gpu_bundle_dir)
 
 
 def rel_err(got, ref) -> float:
