@@ -5,9 +5,11 @@ bundles whose library is never opened)."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
+from tilekiln import discovery
 from tilekiln._tensors import Operand
 from tilekiln.bundle import Bundle, DeviceInfo
 from tilekiln.errors import BundleIntegrityError, TuningFileWarning
@@ -131,4 +133,29 @@ def test_the_tuning_files_buckets_win_over_the_build_time_table(tmp_path):
     again = add_measured(measured({both: "k_wide"}), entries, "NVIDIA H200")
     assert dict(again.table) == {both: "k_wide", file_only: "k_square"}
     assert dict(again.measurements)[file_only] == {"flops": 2 * 8192**3, "candidates": {"k_square": 9.0}}
+
+
+def test_an_open_bundle_reads_nothing_per_call_and_follows_a_new_table_when_told(tmp_path, monkeypatch):
+    directory = write_bundle(tmp_path / "sm90a", KERNELS)
+    first = discovery.open_bundle(directory)
+    assert first.tuning is None
+
+    touched = []
+    for name in ("stat", "lstat"):
+        real = getattr(os, name)
+        monkeypatch.setattr(os, name, lambda p, *a, _real=real, **k: touched.append(str(p)) or _real(p, *a, **k))
+    monkeypatch.setattr(Bundle, "open", classmethod(lambda cls, *a, **k: pytest.fail("opened again")))
+    for _ in range(3):
+        assert discovery.open_bundle(directory) is first
+    assert not [p for p in touched if p.startswith(f"{directory}{os.sep}")]  # the manifest above all
+
+    # A table written meanwhile is not looked for on a call, only on reload_tuning,
+    # which also drops the plans chosen under the old table.
+    table = measured({bucket(4096, 4096, 4096): "k_wide"})
+    write_tuning_file(directory, table, first.manifest.sha256)
+    first._plans["chosen before"] = object()
+    assert discovery.open_bundle(directory).tuning is None
+    first.reload_tuning()
+    assert first.tuning == table and first.tuning_file == table and not first._plans
+    assert discovery.open_bundle(directory) is first
 
