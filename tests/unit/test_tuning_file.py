@@ -1,6 +1,6 @@
 """The tuning file beside a bundle's manifest (tilekiln/tuning/table.py): written, verified, merged
-over the build-time table, and followed by an open Bundle only when told to (no GPU; synthetic
-bundles whose library is never opened)."""
+over the build-time table, followed by an open Bundle only when told to, and reported by
+`tilekiln inspect` as load sees it (no GPU; synthetic bundles whose library is never opened)."""
 
 from __future__ import annotations
 
@@ -159,3 +159,19 @@ def test_an_open_bundle_reads_nothing_per_call_and_follows_a_new_table_when_told
     assert first.tuning == table and first.tuning_file == table and not first._plans
     assert discovery.open_bundle(directory) is first
 
+
+
+def test_inspect_reports_the_table_a_tuned_directory_selects_by_and_a_damaged_file_as_load_does(tmp_path):
+    from builder.artifact import open_artifact
+    from builder.inspection import inspect_json
+
+    built, tuned = bucket(256, 4096, 4096), bucket(4096, 4096, 4096)
+    directory = write_bundle(tmp_path / "sm90a", KERNELS, {built: "k_square"})
+    path = write_tuning_file(directory, measured({tuned: "k_wide"}), read_manifest(directory).sha256)
+    report = inspect_json(open_artifact(directory))
+    assert report["integrity"] == {"ok": True, "problem": None}
+    assert report["tuning"]["table"] == {built: "k_square", tuned: "k_wide"}
+    assert report["tuning_file"]["table"] == {tuned: "k_wide"}
+    path.write_text(path.read_text().replace("k_wide", "k_square"))
+    problem = inspect_json(open_artifact(directory))["integrity"]["problem"]
+    assert problem.startswith(f"bundle sm90a: {TUNING_NAME}: content does not match its recorded sha256")
