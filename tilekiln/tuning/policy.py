@@ -7,7 +7,9 @@ rounds, each block followed by one of the baseline's and scored relative to
 it (:func:`measure_candidates`). The kernels of the screen's ``FINALISTS``
 fastest walk groups within ``WINDOW`` of its fastest (:func:`finalists`) are
 then timed again at steady state in ``SUSTAINED_ROUNDS`` rounds, and the
-fastest of those is the shape bucket's entry. The measuring itself is
+fastest of those is the entry of the problem's shape bucket
+(``tilekiln.select.shape_bucket``: dtype, layout and M, N, K and batch rounded
+up to the next 2^k or 3·2^k). The measuring itself is
 ``tilekiln/tuning/timing.py``'s. Standard library at import; :func:`tune`
 imports torch.
 """
