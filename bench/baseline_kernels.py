@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tilekiln.tune import baseline_call, require_cuda_torch  # noqa: E402
+from tilekiln.tuning.timing import baseline_call, require_cuda_torch  # noqa: E402
 
 torch = require_cuda_torch("bench/baseline_kernels.py")
 from torch.profiler import ProfilerActivity, profile  # noqa: E402

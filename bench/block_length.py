@@ -2,9 +2,9 @@
 cuBLAS (torch.matmul) at blocks of several lengths, with the SM clock and board power.
 
 For every shape and every ``--block-ms`` length, the kernels are timed as
-``tilekiln.tune`` times them (``interleaved``: rounds of round-robin blocks,
-each candidate block followed by a baseline block, scored relative to it),
-with blocks of as many back-to-back launches as take that long at the
+``tilekiln tune`` times them (``tilekiln.tuning.timing.interleaved``: rounds
+of round-robin blocks, each candidate block followed by a baseline block,
+scored relative to it), with blocks of as many back-to-back launches as take that long at the
 baseline's speed (two at least). Blocks of 50 ms or more also get one
 ``nvidia-smi`` sample of SM clock and power taken 60% of the way in, while
 the GPU runs the queued launches and the host is free. A card at its power
@@ -30,12 +30,13 @@ from pathlib import Path
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tilekiln.tune import require_cuda_torch  # noqa: E402
+from tilekiln.tuning.timing import require_cuda_torch  # noqa: E402
 
 torch = require_cuda_torch("bench/block_length.py")
 import tilekiln  # noqa: E402
-from tilekiln.tune import (baseline_call, interleaved, median_event_ms, operand_sets, parse_shapes,  # noqa: E402
-                           warm_ms)
+from tilekiln.tune import parse_shapes  # noqa: E402
+from tilekiln.tuning.timing import (baseline_call, interleaved, median_event_ms, operand_sets,  # noqa: E402
+                                    warm_ms)
 
 PREFIX = "gemm_sm90_bf16_bf16_f32_bf16_tn_"
 SAMPLED_MS = 50.0
@@ -50,7 +51,7 @@ def smi_sample() -> tuple[float, float]:
 
 
 def timed_block(fn, launches: int, expect_ms: float, samples: list) -> float:
-    """``tune.median_event_ms`` of ``launches`` calls; one clock sample, 60% into the block,
+    """``timing.median_event_ms`` of ``launches`` calls; one clock sample, 60% into the block,
     if the block is expected to last ``SAMPLED_MS`` or more."""
     def sample():
         time.sleep(0.6 * expect_ms / 1000)

@@ -3,13 +3,13 @@
 Method (../shared/reference/gpu-method.md): every kernel is checked against a
 float64 reference before it is timed; tilekiln and torch are timed
 interleaved, shape by shape, with CUDA events around each of many launches
-queued back to back after warm-up (GPU time; ``tilekiln.tune.median_event_ms``),
+queued back to back after warm-up (GPU time; ``tilekiln.tuning.timing.median_event_ms``),
 the median, inputs rotated when a problem is smaller than the L2. Each timed
 block runs right after ``--settle-ms`` of untimed launches of its own side
-(``tilekiln.tune.steady_ms``): at the H200's power cap a block otherwise runs
+(``tilekiln.tuning.timing.steady_ms``): at the H200's power cap a block otherwise runs
 at the clock the other side's power draw left (bench/README.md, "Block
 length"). Both sides' launches are replayed from CUDA graphs
-(``tilekiln.tune.GRAPH_LAUNCHES`` says why), so the host's cost per call drops
+(``tilekiln.tuning.timing.GRAPH_LAUNCHES`` says why), so the host's cost per call drops
 out: kernel against kernel. ``--timing eager`` times the calls themselves, as
 an eager PyTorch program issues them. The whole suite runs ``--repeats``
 times and the spread is reported, since the H200's clocks drift under
@@ -30,12 +30,13 @@ from pathlib import Path
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tilekiln.tune import require_cuda_torch  # noqa: E402
+from tilekiln.tuning.timing import require_cuda_torch  # noqa: E402
 
 torch = require_cuda_torch("bench/gemm.py")
 import tilekiln  # noqa: E402
-from tilekiln.tune import (GRAPH_LAUNCHES, SETTLE_MS, CaptureError, baseline_call, block_launches,  # noqa: E402
-                           graph_ms, graphed, operand_sets, settle_launches, steady_ms, tilekiln_call, warm_ms)
+from tilekiln.tuning.timing import (GRAPH_LAUNCHES, SETTLE_MS, CaptureError, baseline_call,  # noqa: E402
+                                    block_launches, graph_ms, graphed, operand_sets, settle_launches, steady_ms,
+                                    tilekiln_call, warm_ms)
 
 
 
@@ -69,7 +70,7 @@ def check(bundle, a, b, scales) -> float:
 
 def block_timer(fn, iters: int, settle_ms: float, graph: bool, side: str):
     """A function timing one block of about ``iters`` calls of ``fn`` after ``settle_ms`` of
-    untimed ones, in ms per call: replays of ``tilekiln.tune.graphed(fn)`` (GPU time only), or
+    untimed ones, in ms per call: replays of ``tilekiln.tuning.timing.graphed(fn)`` (GPU time only), or
     with ``graph`` false the calls themselves (``steady_ms``; the host's cost per call included
     wherever it exceeds the GPU's). The settle count comes from the same way of timing, since
     at small problems an eager call's host cost would make it too short."""
@@ -106,7 +107,7 @@ def run(args) -> dict:
             time_tk, time_th = (block_timer(fn, iters, args.settle_ms, args.timing == "graph",
                                             f"{m}x{n}x{k} {side}") for fn, side in ((tk, "tilekiln"), (th, "torch")))
             # Interleave blocks so drift hits both sides alike; each block runs
-            # after its own side has settled the clock (tilekiln.tune.SETTLE_MS).
+            # after its own side has settled the clock (tilekiln.tuning.timing.SETTLE_MS).
             t_tk, t_th = [], []
             for _ in range(4):
                 t_tk.append(time_tk())

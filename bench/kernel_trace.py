@@ -19,12 +19,13 @@ from pathlib import Path
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tilekiln.tune import require_cuda_torch  # noqa: E402
+from tilekiln.tuning.timing import require_cuda_torch  # noqa: E402
 
 torch = require_cuda_torch("bench/kernel_trace.py")
 import tilekiln  # noqa: E402
-from tilekiln.tune import (GRAPH_LAUNCHES, CaptureError, baseline_call, graphed, operand_sets,  # noqa: E402
-                           parse_shapes, tilekiln_call, warm_ms)
+from tilekiln.tune import parse_shapes  # noqa: E402
+from tilekiln.tuning.timing import (GRAPH_LAUNCHES, CaptureError, baseline_call, graphed,  # noqa: E402
+                                    operand_sets, tilekiln_call, warm_ms)
 
 REPLAYS = 20
 

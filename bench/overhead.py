@@ -22,7 +22,7 @@ from pathlib import Path
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tilekiln.tune import require_cuda_torch  # noqa: E402
+from tilekiln.tuning.timing import require_cuda_torch  # noqa: E402
 
 torch = require_cuda_torch("bench/overhead.py")
 import tilekiln  # noqa: E402

@@ -1,8 +1,9 @@
 """Open a built bundle, a bundle directory or a bundle wheel, without installing anything.
 
 :func:`open_artifact` reads the manifest with the runtime's reader
-(``tilekiln/manifest.py``), checks every file against its sha256 the way
-``tilekiln.load`` does, and keeps the outcome as a value instead of raising:
+(``tilekiln/manifest.py``), checks every file against its sha256 and a
+directory's tuning file (``tilekiln/tuning/table.py``; wheels carry none) the
+way ``tilekiln.load`` does, and keeps the outcome as a value instead of raising:
 ``tilekiln inspect`` shows a damaged bundle and says what is wrong with it.
 A wheel is read as a zip; its bundle is the one ``<package>/bundle/manifest.json``.
 """
@@ -17,7 +18,8 @@ from typing import Callable
 
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from tilekiln.errors import BundleCompatibilityError, BundleIntegrityError
-from tilekiln.manifest import MANIFEST_NAME, Manifest, parse_manifest, verify_files
+from tilekiln.manifest import MANIFEST_NAME, Manifest, TuningTable, parse_manifest, verify_files
+from tilekiln.tuning.table import overlay, read_tuning_file
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,12 @@ class Artifact:
     sizes: tuple[tuple[str, int], ...]  # every file present that the manifest lists, and the manifest
     problem: str  # "" when the manifest and every file match their sha256
     wheel: WheelInfo | None
+    tuning_file: TuningTable | None = None  # a directory's tuning file, written by `tilekiln tune`
+
+    @property
+    def tuning(self) -> TuningTable | None:
+        """The table the bundle selects by: the manifest's build-time table with the tuning file's buckets."""
+        return overlay(self.manifest.tuning, self.tuning_file)
 
     @property
     def kind(self) -> str:
@@ -83,13 +91,19 @@ def _open(path: Path, read: Callable[[str], bytes], wheel: WheelInfo | None) -> 
             verify_files(manifest, read)
         except BundleIntegrityError as exc:
             problem = str(exc)
+    tuning_file = None
+    if wheel is None and not problem:
+        try:
+            tuning_file = read_tuning_file(path, manifest)
+        except BundleIntegrityError as exc:
+            problem = str(exc)
     sizes = []
     for relative in [r for r, _ in manifest.files] + [MANIFEST_NAME]:
         try:
             sizes.append((relative, len(read(relative))))
         except (FileNotFoundError, KeyError):
             continue
-    return Artifact(path, manifest, tuple(sizes), problem, wheel)
+    return Artifact(path, manifest, tuple(sizes), problem, wheel, tuning_file)
 
 
 def _wheel_layout(path: Path, zf: zipfile.ZipFile) -> tuple[str, WheelInfo]:

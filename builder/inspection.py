@@ -5,7 +5,8 @@ shared memory, cubin size, verification status), the integrity check and the
 provenance. ``diff``: kernels added, removed and changed (every manifest
 field that differs, apart from its position and symbol names), bundle-level
 changes (version, toolchain, provenance, tuning table) and the size delta. Each has a JSON
-form (``--format json``) and a text form printed with rich.
+form (``--format json``) and a text form printed with rich. The tuning table is the one the
+bundle selects by: the manifest's, with a directory's tuning file over it (``Artifact.tuning``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from rich.table import Table
 from builder.artifact import Artifact
 from builder.wheel import RUNTIME_DISTRIBUTION, SizeRow
 from tilekiln.manifest import MANIFEST_NAME
+from tilekiln.tuning.table import TUNING_NAME
 
 # Kernel fields that differ between equal kernels: the position in the table,
 # the symbol names (hashes of the module name) and the catalog position.
@@ -44,7 +46,8 @@ def inspect_json(a: Artifact) -> dict:
             "catalog": plain_k["catalog"], "template": plain_k["template"],
         } for k, plain_k in zip(m.kernels, plain["kernels"])],
         "provenance": {**plain["provenance"], "toolchain": plain["toolchain"]},
-        "tuning": plain.get("tuning"),
+        "tuning": a.tuning.plain() if a.tuning else None,
+        "tuning_file": a.tuning_file.plain() if a.tuning_file else None,
         "size": {"files": dict(a.sizes), "total_bytes": a.total_bytes,
                  "archive_bytes": a.wheel.archive_bytes if a.wheel else None},
         "wheel": None if a.wheel is None else {
@@ -85,8 +88,10 @@ def print_inspect(a: Artifact, console: Console) -> None:
         console.print(f"  kernels        {len(items)} from {file} items {_ranges(items)}, "
                       f"template {template} sha256 {digest[:12]}")
     console.print("  toolchain      " + ", ".join(f"{k} {v}" for k, v in m.toolchain))
-    tuning = m.tuning
+    tuning, tuned = a.tuning, a.tuning_file
     console.print(f"  tuning         {len(tuning.table)} shape buckets measured on {tuning.device}"
+                  + (f" ({len(tuned.table)} from {TUNING_NAME}, written by tilekiln tune after the build)"
+                     if tuned else "")
                   if tuning and tuning.table else "  tuning         none (kernels chosen by the selector's model)")
     console.print(f"size: {_bytes(a.total_bytes)} in {len(a.sizes)} files (library "
                   f"{_bytes(a.size_of(m.library) or 0)}, which holds the "
@@ -221,7 +226,7 @@ def _bundle_fields(a: Artifact) -> dict[str, object]:
     plain = a.manifest.plain()
     return {**_flatten(plain["bundle"], "bundle."), **_flatten(plain["toolchain"], "toolchain."),
             **_flatten(plain["provenance"], "provenance."),
-            **_flatten(plain.get("tuning", {}).get("table", {}), "tuning.table."),
+            **_flatten(dict(a.tuning.table) if a.tuning else {}, "tuning.table."),
             "schema_version": plain["schema_version"]}
 
 

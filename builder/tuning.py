@@ -1,8 +1,10 @@
 """The measured selection tables kept in ``catalog/tuning/<bundle>.json``.
 
-``python3 -m tilekiln.tune`` writes a table into a bundle on a GPU machine
-(``--table-out`` also writes it here); every later build ships the committed
-table (builder/manifest.py), and validation treats the kernels it names as
+``python3 -m tilekiln.tune`` measures a bundle on a GPU machine and writes
+the bundle's tuning file (tilekiln/tuning/table.py); its ``--table-out`` file,
+``{device, table, measurements}``, is what is committed here. Every later
+build ships the committed table as the manifest's ``tuning`` key
+(builder/manifest.py), and validation treats the kernels it names as
 selectable (rule SHADOWED). Table values are choice labels: a kernel id, or
 ``<id>/splitk<S>`` (tilekiln/splitk.py).
 """

@@ -3,8 +3,14 @@ would describe them (tilekiln/spec.py, tilekiln/manifest.py), with made-up resou
 
 from __future__ import annotations
 
-from tilekiln.manifest import ABI_VERSION, BundleInfo, DriverFloor, Manifest, Provenance, TuningTable
-from tilekiln.spec import (MAX_EXTENT, Activation, Blob, CatalogRef, Cluster, Contract, DType, DTypes, KernelRecord, Layout,
+import hashlib
+import json
+from pathlib import Path
+
+from tilekiln.manifest import (ABI_VERSION, MANIFEST_NAME, BundleInfo, DriverFloor, Manifest, Provenance, TuningTable,
+                               manifest_digest)
+from tilekiln.spec import (MAX_EXTENT, Activation, Blob, CatalogRef, Cluster, Contract, DType, DTypes, KernelRecord,
+                           Layout,
                            Resources, Symbols, TemplateRef, Tile, Verified)
 
 
@@ -35,3 +41,14 @@ def manifest(kernels: tuple[KernelRecord, ...] = (), tuning: dict[str, str] | No
         library="lib/lib.so", files=(("lib/lib.so", "0" * 64),), kernels=tuple(kernels), toolchain=(),
         provenance=Provenance("unknown", "x86_64-linux", ()),
         tuning=TuningTable("test", tuple(sorted(tuning.items()))) if tuning else None)
+
+
+def write_bundle(directory: Path, kernels: tuple[KernelRecord, ...] = (), tuning: dict[str, str] | None = None) -> Path:
+    """A bundle directory that ``tilekiln.load`` verifies: ``manifest(kernels, tuning)`` with its
+    self digest and an empty library file (nothing here opens it)."""
+    (directory / "lib").mkdir(parents=True)
+    (directory / "lib" / "lib.so").write_bytes(b"")
+    data = dict(manifest(kernels, tuning).plain(), files={"lib/lib.so": hashlib.sha256(b"").hexdigest()})
+    data["integrity"] = {"manifest_sha256": manifest_digest(data)}
+    (directory / MANIFEST_NAME).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return directory

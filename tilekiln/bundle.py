@@ -7,7 +7,9 @@ the hot path checks a set membership before taking it. Launches need no
 lock: the argument block is per thread and the C launcher keeps no state.
 Plans (validated problem + chosen kernel + packed static arguments) are
 cached per operand signature, so a repeated call pays a dictionary look-up,
-the pointer reads and one ctypes call.
+the pointer reads and one ctypes call. The tuning table is read when the
+Bundle is made and again only when :meth:`Bundle.reload_tuning` is called,
+which replaces the table and the plan cache as a whole.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tilekiln.spec import KernelRecord
 from tilekiln.problem import GemmProblem, make_problem
 from tilekiln.select import Choice, choose, choose_fused, nominal_clusters
 from tilekiln.splitk import SPLITS, parse_label
+from tilekiln.tuning.table import overlay, read_tuning_file
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,12 @@ class Bundle:
     ``cluster_query`` how many clusters of a kernel it holds at once; by default the
     bundle's library asks the driver. A simulated device (tests) has no driver to
     ask, so with ``device_query`` alone the cluster count is the nominal
-    SM count / cluster size."""
+    SM count / cluster size.
+
+    Kernels are selected by ``tuning``: the manifest's build-time table with the
+    buckets of the bundle's tuning file (``tuning_file``, written by ``tilekiln tune``;
+    tilekiln/tuning/table.py) in place of its own. Making a Bundle reads that file
+    and raises :class:`BundleIntegrityError` if it is damaged."""
 
     def __init__(self, directory: Path, manifest: Manifest, device_query: DeviceQuery | None = None,
                  cluster_query: ClusterQuery | None = None):
@@ -102,17 +110,31 @@ class Bundle:
         self._ready: set[tuple[int, int]] = set()
         self._devices: dict[int, DeviceInfo] = {}
         self._plans: dict[tuple, Plan] = {}
-        self._tuning = dict(manifest.tuning.table) if manifest.tuning else {}
+        self.reload_tuning()
 
     @classmethod
     def open(cls, directory: Path, device_query: DeviceQuery | None = None) -> "Bundle":
-        """Verify every file of the bundle in ``directory`` and that the installed driver can run
-        its CUDA runtime (nothing is opened before that)."""
+        """Verify every file of the bundle in ``directory``, its tuning file if it has one, and that
+        the installed driver can run its CUDA runtime (nothing is opened before that)."""
         from tilekiln._driver import driver_version
 
         manifest = read_manifest(directory)
         require_driver(manifest.name, manifest.bundle.driver_requires, driver_version())
         return cls(directory, manifest, device_query)
+
+    def reload_tuning(self) -> None:
+        """Read the bundle's tuning file again and select by it from now on; the plans cached so
+        far, chosen under the old table, are dropped. ``tilekiln tune`` calls it after writing
+        the file, so that this process's Bundle follows the new table without looking at the
+        files on every call. A plan being made on another thread meanwhile may still be cached
+        under the old table."""
+        measured = read_tuning_file(self.directory, self.manifest)
+        tuning = overlay(self.manifest.tuning, measured)
+        with self._lock:
+            self.tuning_file = measured
+            self.tuning = tuning
+            self._tuning = dict(tuning.table) if tuning else {}
+            self._plans = {}
 
     def __repr__(self) -> str:
         return f"<tilekiln bundle {self.name} {self.version} ({self.arch}, {len(self.kernels)} kernels)>"

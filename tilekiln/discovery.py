@@ -94,28 +94,24 @@ def describe_installed(device: tuple[int, int] | None = None) -> str:
 
 
 _cache_lock = threading.Lock()
-_opened: dict[Path, tuple[tuple[int, int, int] | None, object]] = {}
+_opened: dict[Path, object] = {}
 
 
 def open_bundle(directory: Path):
-    """One Bundle object per directory per process, opened anew once its manifest has been
-    rewritten (``tilekiln.tune`` replaces it with a new tuning table)."""
+    """One Bundle object per directory per process, opened (and verified) on first use.
+
+    A later call resolves the path and reads nothing of the bundle: what changes
+    in a bundle directory later is the tuning table ``tilekiln tune`` writes, and
+    tune has the open Bundle read it (``Bundle.reload_tuning``); a bundle rebuilt
+    in place is seen by the next process.
+    """
     from tilekiln.bundle import Bundle
 
     key = directory.resolve()
-    version = _manifest_version(key)
-    with _cache_lock:
-        cached = _opened.get(key)
-        if cached is None or cached[0] != version:
-            _opened[key] = (version, Bundle.open(key))
-        return _opened[key][1]
-
-
-def _manifest_version(directory: Path) -> tuple[int, int, int] | None:
-    """Inode, size and mtime of the manifest; an atomic rewrite changes the inode. None if it is
-    missing, which ``Bundle.open`` then reports."""
-    try:
-        st = (directory / MANIFEST_NAME).stat()
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
+    bundle = _opened.get(key)
+    if bundle is None:
+        with _cache_lock:
+            bundle = _opened.get(key)
+            if bundle is None:
+                bundle = _opened[key] = Bundle.open(key)
+    return bundle

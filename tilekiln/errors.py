@@ -1,4 +1,4 @@
-"""Exceptions raised by the tilekiln runtime.
+"""Exceptions and warnings raised by the tilekiln runtime.
 
 Input problems are ``ValueError``/``TypeError`` subclasses so callers that
 already handle torch's errors handle ours; bundle problems have their own
@@ -17,14 +17,15 @@ class BundleError(TilekilnError):
 
 
 class BundleIntegrityError(BundleError):
-    """A bundle file is missing, truncated or modified; nothing was loaded."""
+    """A bundle file is missing, truncated or modified; nothing was loaded. ``fix`` says what to do
+    (for the files a build wrote: reinstall the bundle)."""
 
-    def __init__(self, bundle: str, file: str, problem: str):
-        self.bundle, self.file, self.problem = bundle, file, problem
-        super().__init__(f"bundle {bundle}: {file}: {problem}; reinstall the bundle (nothing was loaded)")
+    def __init__(self, bundle: str, file: str, problem: str, fix: str = "reinstall the bundle"):
+        self.bundle, self.file, self.problem, self.fix = bundle, file, problem, fix
+        super().__init__(f"bundle {bundle}: {file}: {problem}; {fix} (nothing was loaded)")
 
     def __reduce__(self):
-        return (BundleIntegrityError, (self.bundle, self.file, self.problem))
+        return (BundleIntegrityError, (self.bundle, self.file, self.problem, self.fix))
 
 
 class BundleCompatibilityError(BundleError):
@@ -44,3 +45,8 @@ class LaunchError(RuntimeError, TilekilnError):
 
     def __reduce__(self):
         return (LaunchError, (self.kernel, self.error, self.detail))
+
+
+class TuningFileWarning(UserWarning):
+    """A bundle's tuning file belongs to another build or format and is ignored; the bundle
+    selects by its build-time table (tilekiln/tuning/table.py)."""

@@ -59,7 +59,8 @@ class Provenance:
 
 @dataclass(frozen=True)
 class TuningTable:
-    """Measured choices per shape bucket (tilekiln/select.py), from ``tilekiln tune``."""
+    """Measured choices per shape bucket (tilekiln/select.py), from ``tilekiln tune``: the
+    manifest's build-time ``tuning`` and a bundle's tuning file (tilekiln/tuning/table.py)."""
 
     device: str
     table: tuple[tuple[str, str], ...]  # (shape bucket, choice label), sorted
@@ -86,7 +87,8 @@ class Manifest:
     kernels: tuple[KernelRecord, ...]
     toolchain: tuple[tuple[str, str], ...]
     provenance: Provenance
-    tuning: TuningTable | None = None
+    tuning: TuningTable | None = None  # the build-time table; Bundle.tuning adds the tuning file's
+    sha256: str = ""  # integrity.manifest_sha256 as read ("" until the writer adds it); not in plain()
 
     @property
     def name(self) -> str:
@@ -140,6 +142,7 @@ class Manifest:
                 raise ValueError(f"file {relative!r} lies outside the bundle directory")
         if data["library"] not in files:
             raise ValueError(f"library {data['library']} is not among the hashed files")
+        integrity = data.get("integrity")
         return cls(
             schema_version=str(data["schema_version"]),
             bundle=BundleInfo(
@@ -153,6 +156,7 @@ class Manifest:
             provenance=Provenance(**{**data["provenance"],
                                      "catalog_files": tuple(data["provenance"]["catalog_files"])}),
             tuning=TuningTable.from_plain(data["tuning"]) if "tuning" in data else None,
+            sha256=str(integrity.get("manifest_sha256", "")) if isinstance(integrity, dict) else "",
         )
 
 

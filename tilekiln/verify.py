@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=None, help="input seed (default: a fresh one from the OS)")
     p.add_argument("--only", default=None, metavar="TEXT", help="only the kernels whose id contains TEXT")
     args = p.parse_args(argv)
-    from tilekiln.tune import require_cuda_torch
+    from tilekiln.tuning.timing import require_cuda_torch
 
     torch = require_cuda_torch("tilekiln verify")
     import tilekiln

@@ -77,7 +77,7 @@ def test_runtime_wheel_holds_only_the_tilekiln_package_and_no_command(project_wh
     version = metadata(wheel)["Version"]
     assert top_level(wheel) == {"tilekiln", f"tilekiln_runtime-{version}.dist-info"}
     package = {name for name in members(wheel) if name.startswith("tilekiln/")}
-    assert package == {f"tilekiln/{p.name}" for p in (ROOT / "tilekiln").glob("*.py")}
+    assert package == {p.relative_to(ROOT).as_posix() for p in (ROOT / "tilekiln").rglob("*.py")}  # subpackages too
     assert dist_info(wheel, "entry_points.txt") is None, "the runtime installs no console script"
     assert requirements(wheel) == {}, "the runtime needs only the standard library"
 

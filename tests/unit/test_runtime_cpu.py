@@ -15,7 +15,7 @@ from tilekiln.bundle import Bundle, DeviceInfo
 from tilekiln.problem import make_problem
 from tilekiln.select import bucket_ceiling, check_kernel, choose, estimate, nominal_clusters, shape_bucket
 from tilekiln.splitk import label, parse_label, sliced
-from tests.records import kernel_record, manifest
+from tests.records import kernel_record, manifest, write_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -259,9 +259,11 @@ def test_no_kernel_lists_every_rejection(tmp_path):
 # -- zero JIT ------------------------------------------------------------------------------------
 
 def test_runtime_imports_without_build_dependencies():
-    """-S drops site-packages: cutlass, jinja2, pydantic and yaml cannot be imported at all."""
+    """-S drops site-packages: cutlass, jinja2, pydantic and yaml cannot be imported at all. The
+    tuning modules and the tune command import torch only inside the functions that time."""
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import tilekiln, tilekiln.bundle, "
-            "tilekiln.select, tilekiln.problem, tilekiln.manifest, tilekiln.discovery; "
+            "tilekiln.select, tilekiln.problem, tilekiln.manifest, tilekiln.discovery, tilekiln.tuning.table, "
+            "tilekiln.tuning.timing, tilekiln.tuning.policy, tilekiln.tuning.merge, tilekiln.tune; "
             "banned = [m for m in ('builder', 'cutlass', 'jinja2', 'pydantic', 'yaml', 'torch') if m in sys.modules]; "
             "print(banned)")
     proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True)
@@ -273,28 +275,33 @@ def test_tuning_runs_combine_by_relative_time_and_merge_without_a_gpu(tmp_path):
     """A kernel that won one run by a hair but lost the other by a lot does not win the merged table."""
     import json as _json
 
+    import tilekiln
     from tilekiln import tune
     from tilekiln.manifest import MANIFEST_NAME
+    from tilekiln.tuning.merge import combine
+    from tilekiln.tuning.table import TIME_DECIMALS, TUNING_NAME
 
     def entry(**times):
         return {"kernel": min(times, key=times.get), "flops": 2e12, "shape": [1, 1, 1], "tflops": 0.0,
                 "candidates": times}
 
+    def bundle_of(name, ids):
+        return write_bundle(tmp_path / name, tuple(kernel_record(i, kid, (128, 128, 64)) for i, kid in enumerate(ids)))
+
     run1 = {"b1": entry(x=1.00, y=1.01, z=2.0), "only1": entry(x=1.0)}
     run2 = {"b1": entry(x=1.20, y=1.02, w=0.5)}  # w: measured in one run only, not comparable
-    table = tune.combine([run1, run2])
+    table = combine([run1, run2])
     assert table["b1"]["kernel"] == "y" and set(table["b1"]["candidates"]) == {"x", "y"}
-    assert table["b1"]["runs"] == 2 and table["b1"]["candidates"]["x"] == round((1.0 * 1.2) ** 0.5, tune.TIME_DECIMALS)
+    assert table["b1"]["runs"] == 2 and table["b1"]["candidates"]["x"] == round((1.0 * 1.2) ** 0.5, TIME_DECIMALS)
     assert table["only1"]["kernel"] == "x" and table["only1"]["runs"] == 1
     # The baseline's time is carried when every run measured it (runs older than
     # the baseline pairing did not).
     assert "baseline_ms" not in table["b1"]
-    paired = tune.combine([{"b1": dict(run1["b1"], baseline_ms=2.0)}, {"b1": dict(run2["b1"], baseline_ms=8.0)}])
+    paired = combine([{"b1": dict(run1["b1"], baseline_ms=2.0)}, {"b1": dict(run2["b1"], baseline_ms=8.0)}])
     assert paired["b1"]["baseline_ms"] == 4.0
 
-    bundle = tmp_path / "bundle"
-    bundle.mkdir()
-    (bundle / MANIFEST_NAME).write_text(_json.dumps({"kernels": [{"id": k} for k in "xyzw"]}))
+    bundle = bundle_of("bundle", "xyzw")
+    built = (bundle / MANIFEST_NAME).read_bytes()
     files = []
     for i, run in enumerate((run1, run2)):
         files.append(tmp_path / f"run{i}.json")
@@ -302,27 +309,31 @@ def test_tuning_runs_combine_by_relative_time_and_merge_without_a_gpu(tmp_path):
     out = tmp_path / "table.json"
     tune.main([str(bundle), "--merge", *map(str, files), "--table-out", str(out)])
     assert _json.loads(out.read_text())["table"] == {"b1": "y", "only1": "x"}
-    assert _json.loads((bundle / MANIFEST_NAME).read_text())["tuning"]["table"] == {"b1": "y", "only1": "x"}
-    # y dropped from the bundle since the runs: it cannot be picked, and only1's
-    # bucket, whose one kernel x is still built, stays.
-    (bundle / MANIFEST_NAME).write_text(_json.dumps({"kernels": [{"id": k} for k in "xzw"]}))
-    tune.main([str(bundle), "--merge", *map(str, files), "--table-out", str(out)])
+    # The table goes to the bundle's tuning file, which this process's Bundle now
+    # selects by; the manifest stays as the build wrote it.
+    assert _json.loads((bundle / TUNING_NAME).read_text())["table"] == {"b1": "y", "only1": "x"}
+    assert dict(tilekiln.load(bundle).tuning.table) == {"b1": "y", "only1": "x"}
+    assert (bundle / MANIFEST_NAME).read_bytes() == built
+    # y dropped from the bundle (rebuilt, here into another directory) since the
+    # runs: it cannot be picked, and only1's bucket, whose one kernel x is still built, stays.
+    tune.main([str(bundle_of("rebuilt", "xzw")), "--merge", *map(str, files), "--table-out", str(out)])
     assert _json.loads(out.read_text())["table"] == {"b1": "x", "only1": "x"}
-    (bundle / MANIFEST_NAME).write_text("{}")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / MANIFEST_NAME).write_text("{}")
     with pytest.raises(SystemExit, match="is not a bundle manifest"):
-        tune.main([str(bundle), "--merge", *map(str, files)])
-    (bundle / MANIFEST_NAME).write_text(_json.dumps({"kernels": [{"id": k} for k in "xyzw"]}))
-    # A third file that copies run A's b3 (as --table-out does with what the manifest
+        tune.main([str(tmp_path / "broken"), "--merge", *map(str, files)])
+    # A third file that copies run A's b3 (as --table-out does with what the bundle
     # held) and carries a merged entry: counted, the copy would turn b3 to x and the
     # merged entry would add b2.
     runs3 = {"A": {"b3": entry(x=1.0, y=1.05)}, "B": {"b3": entry(x=1.1, y=1.0)},
              "C": {"b3": entry(x=1.0, y=1.05), "b2": dict(entry(x=1.0), runs=2)}}
     for name, run in runs3.items():
         (tmp_path / f"{name}.json").write_text(_json.dumps({"device": "NVIDIA H200", "measurements": run}))
-    assert tune.combine(list(runs3.values()))["b3"]["kernel"] == "x"
+    assert combine(list(runs3.values()))["b3"]["kernel"] == "x"
     tune.main([str(bundle), "--merge", *(str(tmp_path / f"{name}.json") for name in runs3), "--table-out", str(out)])
     table = _json.loads(out.read_text())["table"]
     assert table["b3"] == "y" and "b2" not in table
+    assert table["b1"] == "y"  # the tuning file keeps what the earlier merge wrote there
 
     files[1].write_text(_json.dumps({"device": "NVIDIA H100", "measurements": run2}))
     with pytest.raises(SystemExit, match="different devices"):
@@ -335,11 +346,10 @@ def test_tuning_runs_combine_by_relative_time_and_merge_without_a_gpu(tmp_path):
         tune.main([str(bundle), "--merge", *map(str, files)])
 
 
-
 def test_tuning_skips_candidates_whose_probe_is_far_slower_than_the_fastest():
-    from tilekiln import tune
+    from tilekiln.tuning import policy
 
-    cut = tune.CUT
+    cut = policy.CUT
     # b: within CUT x a, probed before c but over CUT x c; c: the fastest; d: within
     # CUT x c; e: just over it.
     true_ms = {"a": 10.0, "b": 10.0 * 1.9, "c": 8.0, "d": 8.0 * cut * 0.9, "e": 8.0 * cut * 1.05}
@@ -353,7 +363,7 @@ def test_tuning_skips_candidates_whose_probe_is_far_slower_than_the_fastest():
         measured.append(label)
         return true_ms[label]
 
-    timings = tune.measure_candidates(list(true_ms), probe, measure, lambda: 4.0, rounds=3)
+    timings = policy.measure_candidates(list(true_ms), probe, measure, lambda: 4.0, rounds=3)
     assert probed == ["a", "b", "c", "d", "e"]
     assert timings.candidates == {label: true_ms[label] for label in "acd"} and timings.reference_ms == 4.0
     # Round-robin, each round starting one candidate later.
@@ -361,7 +371,7 @@ def test_tuning_skips_candidates_whose_probe_is_far_slower_than_the_fastest():
 
 
 def test_tuning_is_not_fooled_by_a_card_that_slows_as_it_heats():
-    from tilekiln import tune
+    from tilekiln.tuning import policy
 
     # b is 1% faster, but every launch runs 1% slower than the one before: timed
     # one after the other, a (first) would read faster.
@@ -371,13 +381,13 @@ def test_tuning_is_not_fooled_by_a_card_that_slows_as_it_heats():
         calls.append(label)
         return true_ms[label] * (1 + 0.01 * (len(calls) - 1))
 
-    timings = tune.measure_candidates(["a", "b"], true_ms.get, measure, lambda: 5.0, rounds=4)
+    timings = policy.measure_candidates(["a", "b"], true_ms.get, measure, lambda: 5.0, rounds=4)
     assert min(timings.candidates, key=timings.candidates.get) == "b"
     assert calls.count("a") == calls.count("b") == 4
 
 
 def test_tuning_scores_each_candidate_against_the_baseline_timed_right_after_it():
-    from tilekiln import tune
+    from tilekiln.tuning import policy
 
     # The card's speed jumps between 1x and 1.4x from one measurement to the
     # next, in a pattern that lands every sample of a on a slow phase (the
@@ -395,20 +405,20 @@ def test_tuning_scores_each_candidate_against_the_baseline_timed_right_after_it(
     def reference():
         return baseline_ms * current[-1]
 
-    raw = tune.measure_candidates(["a", "b"], true_ms.get, measure, lambda: 1.0, rounds=4).candidates
+    raw = policy.measure_candidates(["a", "b"], true_ms.get, measure, lambda: 1.0, rounds=4).candidates
     assert min(raw, key=raw.get) == "b"
     phase = iter([1.4, 1.0, 1.0, 1.4] * 2)
-    timings = tune.measure_candidates(["a", "b"], true_ms.get, measure, reference, rounds=4)
+    timings = policy.measure_candidates(["a", "b"], true_ms.get, measure, reference, rounds=4)
     assert min(timings.candidates, key=timings.candidates.get) == "a"
     assert timings.candidates["a"] / timings.candidates["b"] == pytest.approx(0.98)
 
 
 def test_one_slow_baseline_block_does_not_pick_the_steady_winner():
-    from tilekiln import tune
+    from tilekiln.tuning import policy, timing
 
     # b is 5% faster; the baseline runs at half speed once, in the block right
     # after a's first steady sample (the fp8 baseline's slow blocks,
-    # tune.SUSTAINED_ROUNDS). With two rounds a's median ratio is the mean of a
+    # policy.SUSTAINED_ROUNDS). With two rounds a's median ratio is the mean of a
     # halved and a true one, and a wins.
     true_ms, baseline_ms = {"a": 10.0, "b": 9.5}, 5.0
 
@@ -422,76 +432,76 @@ def test_one_slow_baseline_block_does_not_pick_the_steady_winner():
         def reference():
             return baseline_ms * (2.0 if calls == ["a"] else 1.0)
 
-        return tune.interleaved(["a", "b"], measure, reference, rounds)
+        return timing.interleaved(["a", "b"], measure, reference, rounds)
 
     two = run(2).candidates
     assert min(two, key=two.get) == "a"
-    steady = run(tune.SUSTAINED_ROUNDS)
+    steady = run(policy.SUSTAINED_ROUNDS)
     assert min(steady.candidates, key=steady.candidates.get) == "b"
     assert steady.candidates == {"a": 10.0, "b": 9.5} and steady.reference_ms == baseline_ms
-    assert steady.samples["a"][0] == (10.0, 10.0) and len(steady.samples["b"]) == tune.SUSTAINED_ROUNDS
+    assert steady.samples["a"][0] == (10.0, 10.0) and len(steady.samples["b"]) == policy.SUSTAINED_ROUNDS
 
 
 def test_finalists_are_the_screens_fastest_within_the_window():
-    from tilekiln import tune
+    from tilekiln.tuning import policy
 
-    times = {"a": 10.0, "b": 10.0 * tune.WINDOW, "c": 10.0 * tune.WINDOW * 1.01, "d": 10.5, "e": 10.2}
-    assert tune.finalists(times) == ["a", "e", "d", "b"]
-    assert tune.finalists(times, most=2) == ["a", "e"]
-    assert tune.finalists({"x": 1.0, "w": 1.0}) == ["w", "x"]  # ties in label order
+    times = {"a": 10.0, "b": 10.0 * policy.WINDOW, "c": 10.0 * policy.WINDOW * 1.01, "d": 10.5, "e": 10.2}
+    assert policy.finalists(times) == ["a", "e", "d", "b"]
+    assert policy.finalists(times, most=2) == ["a", "e"]
+    assert policy.finalists({"x": 1.0, "w": 1.0}) == ["w", "x"]  # ties in label order
 
 
 def test_finalists_bring_every_walk_of_their_group():
-    from tilekiln import tune
+    from tilekiln.tuning import policy
 
     # "a-sw4" is outside the window and "d" is past the two fastest groups, but
     # "a-sw4" walks the tiles of "a" in another order, which only steady state ranks
-    times = {"a": 10.0, "a-sw4": 10.0 * tune.WINDOW * 1.1, "b": 10.1, "d": 10.2}
+    times = {"a": 10.0, "a-sw4": 10.0 * policy.WINDOW * 1.1, "b": 10.1, "d": 10.2}
     group = lambda label: label.split("-")[0]  # noqa: E731
-    assert tune.finalists(times, group, most=2) == ["a", "b", "a-sw4"]
-    assert tune.finalists(times, most=2) == ["a", "b"]
+    assert policy.finalists(times, group, most=2) == ["a", "b", "a-sw4"]
+    assert policy.finalists(times, most=2) == ["a", "b"]
 
 
 def test_tuning_blocks_are_the_benchs_blocks():
-    from tilekiln import tune
+    from tilekiln.tuning import timing
 
-    assert tune.block_launches(2 * 16384 * 28672 * 8192) == 10  # 11 ms a launch: at least 10
-    assert tune.block_launches(2 * 2048 * 8192 * 8192) == 72  # about 2e13 flops a block
-    assert tune.block_launches(2 * 16 * 4096 * 4096) == 200  # at most 200
+    assert timing.block_launches(2 * 16384 * 28672 * 8192) == 10  # 11 ms a launch: at least 10
+    assert timing.block_launches(2 * 2048 * 8192 * 8192) == 72  # about 2e13 flops a block
+    assert timing.block_launches(2 * 16 * 4096 * 4096) == 200  # at most 200
 
 
 def test_steady_state_blocks_run_after_their_own_settling_launches(monkeypatch):
-    from tilekiln import tune
+    from tilekiln.tuning import timing
 
-    assert tune.settle_launches(2.0, 100.0) == 50
-    assert tune.settle_launches(0.001, 100.0) == tune.SETTLE_MAX_LAUNCHES
-    assert tune.settle_launches(2.0, 0.0) == 0
+    assert timing.settle_launches(2.0, 100.0) == 50
+    assert timing.settle_launches(0.001, 100.0) == timing.SETTLE_MAX_LAUNCHES
+    assert timing.settle_launches(2.0, 0.0) == 0
     calls = []
-    monkeypatch.setattr(tune, "median_event_ms", lambda fn, iters: calls.append(("timed", iters)) or 1.5)
-    assert tune.steady_ms(lambda i: calls.append(("settle", i)), 10, 3) == 1.5
+    monkeypatch.setattr(timing, "median_event_ms", lambda fn, iters: calls.append(("timed", iters)) or 1.5)
+    assert timing.steady_ms(lambda i: calls.append(("settle", i)), 10, 3) == 1.5
     assert calls == [("settle", 0), ("settle", 1), ("settle", 2), ("timed", 10)]
     calls.clear()
-    assert tune.warm_ms(lambda i: calls.append(("settle", i))) == 1.5
+    assert timing.warm_ms(lambda i: calls.append(("settle", i))) == 1.5
     assert calls == [("settle", 0), ("settle", 1), ("settle", 2), ("timed", 3)]
 
 
 def test_graph_blocks_replay_about_as_many_launches_as_eager_blocks(monkeypatch):
-    from tilekiln import tune
+    from tilekiln.tuning import timing
 
-    launches = tune.GRAPH_LAUNCHES
+    launches = timing.GRAPH_LAUNCHES
     for iters in (launches + 1, 2 * launches, 72, 200):  # enough replays for iters, not a whole one more
-        timed, untimed = tune.graph_replays(iters, 0)
+        timed, untimed = timing.graph_replays(iters, 0)
         assert (timed - 1) * launches < iters <= timed * launches and untimed == 0
-    assert tune.graph_replays(launches * 20, launches * 5 + 1) == (20, 6)  # settling rounds up
-    assert tune.graph_replays(1, 0) == (2, 0)  # median_event_ms drops its first replay
+    assert timing.graph_replays(launches * 20, launches * 5 + 1) == (20, 6)  # settling rounds up
+    assert timing.graph_replays(1, 0) == (2, 0)  # median_event_ms drops its first replay
     calls = []
-    monkeypatch.setattr(tune, "steady_ms", lambda fn, iters, settle: calls.append((iters, settle)) or 4.0)
-    assert tune.graph_ms(lambda i: None, launches * 20, launches * 5) == 4.0 / launches  # ms per launch
+    monkeypatch.setattr(timing, "steady_ms", lambda fn, iters, settle: calls.append((iters, settle)) or 4.0)
+    assert timing.graph_ms(lambda i: None, launches * 20, launches * 5) == 4.0 / launches  # ms per launch
     assert calls == [(20, 5)]
 
 
 def test_walk_groups_join_kernels_that_differ_only_in_their_raster_walk():
-    from tilekiln import tune
+    from tilekiln.tuning import policy
     from tilekiln.spec import Raster
 
     base = kernel(0, (128, 256, 64), (2, 1))
@@ -501,18 +511,18 @@ def test_walk_groups_join_kernels_that_differ_only_in_their_raster_walk():
     other_cluster = kernel(9, (128, 256, 64), (1, 1))
     other_stages = replace(base, index=10, id=base.id + "_s5", stages=5)
     kernels = {k.id: k for k in [base, *walks, other_cluster, other_stages]}
-    assert len({tune.walk_key(kernels, k.id) for k in [base, *walks]}) == 1
-    assert tune.walk_key(kernels, base.id) != tune.walk_key(kernels, other_cluster.id)
-    assert tune.walk_key(kernels, base.id) != tune.walk_key(kernels, other_stages.id)
-    assert tune.walk_key(kernels, label(base.id, 2)) != tune.walk_key(kernels, base.id)
-    assert tune.walk_key(kernels, label(walks[0].id, 2)) == tune.walk_key(kernels, label(base.id, 2))
+    assert len({policy.walk_key(kernels, k.id) for k in [base, *walks]}) == 1
+    assert policy.walk_key(kernels, base.id) != policy.walk_key(kernels, other_cluster.id)
+    assert policy.walk_key(kernels, base.id) != policy.walk_key(kernels, other_stages.id)
+    assert policy.walk_key(kernels, label(base.id, 2)) != policy.walk_key(kernels, base.id)
+    assert policy.walk_key(kernels, label(walks[0].id, 2)) == policy.walk_key(kernels, label(base.id, 2))
 
 
 def test_a_failed_graph_capture_names_the_side(monkeypatch):
     import contextlib
     import types
 
-    from tilekiln import tune
+    from tilekiln.tuning import timing
 
     def graph(_):
         @contextlib.contextmanager
@@ -523,14 +533,14 @@ def test_a_failed_graph_capture_names_the_side(monkeypatch):
     cuda = types.SimpleNamespace(CUDAGraph=lambda: types.SimpleNamespace(replay=lambda: None), graph=graph)
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
     calls = []
-    replay = tune.graphed(calls.append, "1024x1024x1024 baseline")
-    assert calls == list(range(tune.GRAPH_LAUNCHES)) and replay(0) is None
+    replay = timing.graphed(calls.append, "1024x1024x1024 baseline")
+    assert calls == list(range(timing.GRAPH_LAUNCHES)) and replay(0) is None
 
     def fails(i):
         raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore torch detail")
 
-    with pytest.raises(tune.CaptureError) as err:
-        tune.graphed(fails, "16x8192x8192 gemm_sm90_x")
+    with pytest.raises(timing.CaptureError) as err:
+        timing.graphed(fails, "16x8192x8192 gemm_sm90_x")
     assert str(err.value) == ("16x8192x8192 gemm_sm90_x: its launches could not be captured in a CUDA graph "
                               "(CUDA error: operation not permitted when stream is capturing)")
 
@@ -542,24 +552,24 @@ def test_a_failed_graph_capture_names_the_side(monkeypatch):
 def test_timing_tools_without_torch_or_a_gpu_exit_with_what_is_missing(monkeypatch, torch_module, says):
     import types
 
-    from tilekiln import tune
+    from tilekiln.tuning import timing
 
     if torch_module == "no-gpu":
         torch_module = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: False))
     monkeypatch.setitem(sys.modules, "torch", torch_module)
     with pytest.raises(SystemExit) as err:
-        tune.require_cuda_torch("bench/gemm.py")
+        timing.require_cuda_torch("bench/gemm.py")
     assert str(err.value).startswith(says)
 
 
 def test_timing_tools_get_torch_when_a_gpu_is_there(monkeypatch):
     import types
 
-    from tilekiln import tune
+    from tilekiln.tuning import timing
 
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True))
     monkeypatch.setitem(sys.modules, "torch", fake)
-    assert tune.require_cuda_torch("tilekiln tune") is fake
+    assert timing.require_cuda_torch("tilekiln tune") is fake
 
 
 def test_a_verification_run_replaces_only_its_own_card_models_record():
