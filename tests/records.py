@@ -10,8 +10,7 @@ from pathlib import Path
 from tilekiln.manifest import (ABI_VERSION, MANIFEST_NAME, BundleInfo, DriverFloor, Manifest, Provenance, TuningTable,
                                manifest_digest)
 from tilekiln.spec import (MAX_EXTENT, Activation, Blob, CatalogRef, Cluster, Contract, DType, DTypes, KernelRecord,
-                           Layout,
-                           Resources, Symbols, TemplateRef, Tile, Verified)
+                           Layout, Resources, Symbols, TemplateRef, Tile, Verified)
 
 
 def kernel_record(index: int, kernel_id: str, tile: tuple[int, int, int], cluster=(1, 1), a: str = "k",
