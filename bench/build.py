@@ -67,7 +67,7 @@ def make_project(base: Path) -> Path:
 def tilekiln(project: Path, out: Path, cache: Path, *args: str) -> tuple[float, dict]:
     """Run ``tilekiln build``; return its wall seconds and its build report."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-c", "from builder.entry import main; main()", "--root", str(project), "build",
+    cmd = [sys.executable, "-c", "from builder.cli.entry import main; main()", "--root", str(project), "build",
            "--out", str(out), "--cache", str(cache), "--progress", "none", *args]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)

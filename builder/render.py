@@ -15,7 +15,7 @@ from pathlib import Path
 
 import jinja2
 
-from builder.rules import KernelContext
+from builder.check.context import KernelContext
 from tilekiln.spec import FAMILIES
 
 

@@ -15,8 +15,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.check.validate import Project, validate_project
 from builder.diagnostics import Diagnostic
-from builder.validate import Project, validate_project
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "catalog"

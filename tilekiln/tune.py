@@ -14,7 +14,7 @@ and this process's open Bundle is told to read it again
 (``Bundle.reload_tuning``). ``--table-out`` also writes the whole table the
 bundle now selects by (its build-time table with the file's buckets over
 it): committed as ``catalog/tuning/<bundle>.json``, every later build ships
-it (builder/manifest.py).
+it (builder/package/manifest.py).
 
     python3 -m tilekiln.tune BUNDLE_DIR --merge RUN1.json RUN2.json ... [--table-out FILE]
 

@@ -16,7 +16,7 @@ date, seed and, per kernel, its cubin's sha256 and the largest error. ``--out``
 merges it into an existing file, replacing that SKU's record. Committed as
 ``catalog/verification/<bundle>.json``, every later build marks the kernels
 whose cubin is unchanged ``hardware-verified`` on those SKUs in the manifest
-(builder/verification.py); ``inspect`` and ``explain`` show it. A kernel
+(builder/load/verification.py); ``inspect`` and ``explain`` show it. A kernel
 that has never run on a GPU stays ``compile-verified``.
 
 Needs torch and a CUDA GPU; imports no build dependency.

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.build import BuildRequest, build
-from builder.parallel import LocalExecutor
+from builder.compile.parallel import LocalExecutor
+from builder.pipeline.build import BuildRequest, build
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -23,17 +23,17 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import builder.build as build_module
-from builder.build import BuildRequest, Selection, build
-from builder.cache import ContentCache
-from builder.cli import main as cli
-from builder.compile import CompileOutput
+import builder.pipeline.build as build_module
+from builder.cli.commands import main as cli
+from builder.compile.cache import ContentCache
+from builder.compile.job import CompileOutput
+from builder.compile.parallel import LocalExecutor
 from builder.diagnostics import DiagnosticError
-from builder.merge import merge
-from builder.parallel import LocalExecutor
-from builder.publish import tree_digests
-from builder.reproduce import check_reproducible
-from builder.shard import SHARD_FILE, shard_dir
+from builder.package.publish import tree_digests
+from builder.pipeline.build import BuildRequest, Selection, build
+from builder.pipeline.merge import merge
+from builder.pipeline.reproduce import check_reproducible
+from builder.pipeline.shard import SHARD_FILE, shard_dir
 
 pytestmark = pytest.mark.compile
 
@@ -92,7 +92,7 @@ def run(project: Path, out: Path, cache: Path, executor=None, **kwargs):
 def cli_process(project: Path, out: Path, cache: Path, *args: str) -> subprocess.Popen:
     """``tilekiln build`` in its own process group (so a test can kill it and its workers)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-c", "from builder.entry import main; main()", "--root", str(project), "build",
+    cmd = [sys.executable, "-c", "from builder.cli.entry import main; main()", "--root", str(project), "build",
            "--out", str(out), "--cache", str(cache), *args]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
@@ -188,13 +188,13 @@ def test_list_shows_what_is_cached_per_key_component(small, monkeypatch):
     assert cached("--pipeline", "sm90", "--arch", "sm_90a") == {LARGE_ID: True, SMALL_ID: True}
     assert cached("--shard", "1/2") == {LARGE_ID: True} and cached("--shard", "2/2") == {SMALL_ID: True}
     # Each toolchain component of the key: another compiler, inspector or host target is a miss.
-    monkeypatch.setattr("builder.build.compiler_fingerprint", lambda: "another-dsl")
+    monkeypatch.setattr("builder.pipeline.build.compiler_fingerprint", lambda: "another-dsl")
     assert cached() == {LARGE_ID: False, SMALL_ID: False}
     monkeypatch.undo()
-    monkeypatch.setattr("builder.build.inspector_fingerprint", lambda: "another-cuobjdump")
+    monkeypatch.setattr("builder.pipeline.build.inspector_fingerprint", lambda: "another-cuobjdump")
     assert cached() == {LARGE_ID: False, SMALL_ID: False}
     monkeypatch.undo()
-    monkeypatch.setattr("builder.compile.HOST_TARGET", "llvm -mtriple=aarch64-unknown-linux-gnu")
+    monkeypatch.setattr("builder.compile.job.HOST_TARGET", "llvm -mtriple=aarch64-unknown-linux-gnu")
     assert cached() == {LARGE_ID: False, SMALL_ID: False}
 
 
@@ -307,7 +307,7 @@ class Replay:
 @pytest.mark.parametrize("drift", ["smem", "arch", "toolchain"])
 def test_an_object_that_is_not_what_the_build_asked_for_fails_with_its_id(drift, small, small_output, tmp_path,
                                                                           monkeypatch):
-    """The checks after a compile (builder/build.py: _drift), forced: the traced shared memory off the
+    """The checks after a compile (builder/pipeline/build.py: _drift), forced: the traced shared memory off the
     validator's model by 1 KiB, a cubin that records sm_90 for sm_90a, another worker toolchain."""
     changes, facts = {}, {"arch": "sm_90a"}
     if drift == "smem":
@@ -318,14 +318,14 @@ def test_an_object_that_is_not_what_the_build_asked_for_fails_with_its_id(drift,
                   "model_static_bytes": small_output.info.static_smem_bytes}
     elif drift == "arch":
         rule = "COMPILE-ARCH-DRIFT"
-        monkeypatch.setattr("builder.build.compiled_for", lambda cubin: "sm_90")
+        monkeypatch.setattr("builder.pipeline.build.compiled_for", lambda cubin: "sm_90")
         facts |= {"requested_arch": "sm_90a", "cubin_arch": "sm_90"}
     else:
         rule = "TOOLCHAIN-MISMATCH"
         changes["toolchain"] = ("another-dsl", "another-cuobjdump")
         facts |= {"worker_toolchain": ["another-dsl", "another-cuobjdump"],
                   "build_toolchain": [build_module.compiler_fingerprint(), build_module.inspector_fingerprint()]}
-    monkeypatch.setattr("builder.parallel.make_executor", lambda spec, jobs: Replay(small_output, changes))
+    monkeypatch.setattr("builder.compile.parallel.make_executor", lambda spec, jobs: Replay(small_output, changes))
     out, cache = tmp_path / "out", tmp_path / "cache"
     res = CliRunner().invoke(cli, ["--root", str(small.project), "build", "--out", str(out), "--cache", str(cache),
                                    "--only", SMALL_ID, "--progress", "none", "--format", "json"])
@@ -341,7 +341,7 @@ def test_an_object_that_is_not_what_the_build_asked_for_fails_with_its_id(drift,
 def test_a_library_that_needs_a_newer_glibc_than_the_catalog_targets_fails_the_build(small, tmp_path, monkeypatch):
     """The link made to bind to glibc 2.34's symbol versions, as Debian 12's gcc did: the build
     stops at catalog.yaml's glibc line, naming symbols, and writes no bundle."""
-    monkeypatch.setattr("builder.link.zig_target", lambda glibc: "x86_64-linux-gnu.2.34")
+    monkeypatch.setattr("builder.package.link.zig_target", lambda glibc: "x86_64-linux-gnu.2.34")
     out, cache = tmp_path / "out", copy_cache(small, tmp_path / "cache", keep=("kernel",))
     res = CliRunner().invoke(cli, ["--root", str(small.project), "build", "--out", str(out), "--cache", str(cache),
                                    "--progress", "none"])
@@ -492,7 +492,7 @@ def test_check_reproducible_names_a_file_that_differs(small, tmp_path, monkeypat
             return source
         return type(source)(source.kernel_id, source.text + "# a build-time difference\n", source.template_sha256)
 
-    monkeypatch.setattr("builder.build.render_kernel", render)
+    monkeypatch.setattr("builder.pipeline.build.render_kernel", render)
     check = check_reproducible(request, first)
     named = {d.location.file for d in check.diagnostics}
     assert not check.ok and f"sm90a/sources/{SMALL_ID}.py.txt" in named
@@ -537,7 +537,7 @@ def test_merge_refuses_shards_of_another_catalog(small, tmp_path):
 
 def test_ray_executor_builds_the_same_bundle(small, tmp_path, monkeypatch):
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'tilekiln-build[ray]')")
-    from builder.parallel import RayExecutor
+    from builder.compile.parallel import RayExecutor
 
     # ray.init writes ~/.ray/auth_token; a test keeps out of the user's home.
     monkeypatch.setenv("HOME", str(tmp_path / "home"))

@@ -19,9 +19,9 @@ from click.testing import CliRunner
 from packaging.requirements import Requirement
 
 import tilekiln
-from builder.cli import main
-from builder.manifest import runtime_requirement
-from builder.wheel import WheelTooLarge, make_wheel, package_bundle
+from builder.cli.commands import main
+from builder.package.manifest import runtime_requirement
+from builder.package.wheel import WheelTooLarge, make_wheel, package_bundle
 
 pytestmark = pytest.mark.compile
 

@@ -19,7 +19,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 import tilekiln
-from builder.wheel import package_bundle
+from builder.package.wheel import package_bundle
 
 pytestmark = pytest.mark.compile
 
@@ -87,8 +87,8 @@ def test_build_wheel_owns_the_command_and_pins_the_runtime_of_its_release(projec
     version = metadata(wheel)["Version"]
     assert version == metadata(project_wheels.runtime)["Version"]
     assert top_level(wheel) == {"builder", f"tilekiln_build-{version}.dist-info"}
-    assert "builder/link.py" in members(wheel) and not any(n.startswith("tilekiln/") for n in members(wheel))
-    assert re.search(r"^\[console_scripts\]\ntilekiln = builder\.entry:main$", dist_info(wheel, "entry_points.txt")
+    assert "builder/package/link.py" in members(wheel) and not any(n.startswith("tilekiln/") for n in members(wheel))
+    assert re.search(r"^\[console_scripts\]\ntilekiln = builder\.cli\.entry:main$", dist_info(wheel, "entry_points.txt")
                      .decode(), re.M)
     reqs = requirements(wheel)
     assert str(reqs["tilekiln-runtime"].specifier) == f"=={version}"

@@ -13,9 +13,9 @@ import itertools
 
 import pytest
 
-from builder.derive import tmem_accumulator_columns
-from builder.facts import load_facts
-from builder.toolchain import HOST_TARGET
+from builder.check.derive import tmem_accumulator_columns
+from builder.compile.toolchain import HOST_TARGET
+from builder.load.facts import load_facts
 from tests.fixture_catalogs import ROOT
 
 pytestmark = pytest.mark.compile
@@ -49,8 +49,7 @@ def test_shared_memory_capacity(dsl, pipeline):
 @pytest.mark.parametrize("pipeline", TCGEN05, ids=lambda p: p.pipeline)
 def test_tensor_memory_columns(dsl, pipeline):
     from cutlass import base_dsl
-    from cutlass.cute.arch.tmem import get_max_tmem_alloc_cols, get_min_tmem_alloc_cols, \
-        is_tmem_allocation_exclusive
+    from cutlass.cute.arch.tmem import get_max_tmem_alloc_cols, get_min_tmem_alloc_cols, is_tmem_allocation_exclusive
 
     arch = own_arch(pipeline)
     total = pipeline.require("tmem_columns")
@@ -117,10 +116,11 @@ def _range(fact) -> list[int]:
 
 def test_sm100_mma_shapes_k_and_accumulator_layouts(dsl):
     cutlass, cute = dsl
-    from cutlass.cute.nvgpu import OperandMajorMode as Major, tcgen05
+    import cutlass.utils.blackwell_helpers as helpers
+    from cutlass.cute.nvgpu import OperandMajorMode as Major
+    from cutlass.cute.nvgpu import tcgen05
     from cutlass.cute.nvgpu.tcgen05 import find_tmem_tensor_col_offset
     from cutlass.utils.blockscaled_layout import BlockScaledBasicChunk
-    import cutlass.utils.blackwell_helpers as helpers
 
     facts = FACTS.pipeline("sm100")
     smem = tcgen05.OperandSource.SMEM
@@ -185,7 +185,8 @@ def test_sm103_mma_k_and_shapes(dsl):
 
 def test_sm107_mma_k_and_shapes(dsl):
     cutlass, cute = dsl
-    from cutlass.cute.nvgpu import OperandMajorMode as Major, tcgen05
+    from cutlass.cute.nvgpu import OperandMajorMode as Major
+    from cutlass.cute.nvgpu import tcgen05
 
     facts = FACTS.pipeline("sm107")
     smem = tcgen05.OperandSource.SMEM
@@ -218,10 +219,10 @@ def test_sm107_mma_k_and_shapes(dsl):
 def test_int8_mma_exists_only_where_the_facts_say(tmp_path):
     """Compile the tcgen05 template with int8 operands for an allowed and a
     gated arch: the toolchain must agree with ``only_on`` of the i8 combo."""
-    from builder.compile import CompileFailure, CompileJob, CompileOutput
-    from builder.parallel import LocalExecutor
+    from builder.check.validate import Project, validate_project
+    from builder.compile.job import CompileFailure, CompileJob, CompileOutput
+    from builder.compile.parallel import LocalExecutor
     from builder.render import render_kernel
-    from builder.validate import Project, validate_project
     from tests.fixture_catalogs import make_project
 
     facts = FACTS.pipeline("sm100")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from builder.compile import CompileFailure, CompileJob
-from builder.parallel import LocalExecutor
+from builder.compile.job import CompileFailure, CompileJob
+from builder.compile.parallel import LocalExecutor
 
 pytestmark = pytest.mark.compile
 

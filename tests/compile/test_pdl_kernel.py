@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from builder.cubin import disassemble
+from builder.compile.cubin import disassemble
 from tests.compile.conftest import make_project, run_build
 
 pytestmark = pytest.mark.compile

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from tilekiln.spec import Schedule
-from builder.derive.sm90 import sm90_smem
-from builder.validate import Project, validate_project
+from builder.check.derive.sm90 import sm90_smem
+from builder.check.validate import Project, validate_project
 from tests.compile.conftest import make_project, run_build
+from tilekiln.spec import Schedule
 
 pytestmark = pytest.mark.compile
 

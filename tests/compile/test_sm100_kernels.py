@@ -12,9 +12,9 @@ import json
 
 import pytest
 
-from builder.build import BuildRequest, build
-from builder.cubin import compiled_for
-from builder.parallel import LocalExecutor
+from builder.compile.cubin import compiled_for
+from builder.compile.parallel import LocalExecutor
+from builder.pipeline.build import BuildRequest, build
 from tests.fixture_catalogs import make_project
 
 pytestmark = pytest.mark.compile

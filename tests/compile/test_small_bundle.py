@@ -72,7 +72,7 @@ def test_library_needs_only_libc_and_the_loader(small_build):
 
 
 def test_library_needs_no_glibc_newer_than_the_catalog_targets(small_build):
-    """Read from the version strings in the library's bytes, independently of builder/platform_tag.py."""
+    """Read from the version strings in the library's bytes, independently of builder/package/platform_tag.py."""
     manifest = json.loads((small_build.path / "manifest.json").read_text())
     target = tuple(int(p) for p in manifest["bundle"]["glibc"].split("."))
     assert target == (2, 28)

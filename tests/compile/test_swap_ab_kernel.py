@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from builder.validate import Project, validate_project
-from tilekiln.manifest import parse_manifest, read_manifest
+from builder.check.validate import Project, validate_project
 from tests.compile.conftest import make_project, run_build
+from tilekiln.manifest import parse_manifest, read_manifest
 
 pytestmark = pytest.mark.compile
 

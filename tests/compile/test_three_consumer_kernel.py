@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from builder.validate import Project, validate_project
+from builder.check.validate import Project, validate_project
 from tests.compile.conftest import make_project, run_build
 
 pytestmark = pytest.mark.compile

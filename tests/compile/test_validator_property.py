@@ -20,14 +20,15 @@ from concurrent.futures.process import BrokenProcessPool
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, assume, given, note, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, note, settings
+from hypothesis import strategies as st
 
-from builder.compile import CompileFailure, CompileJob, compile_job, prepare_worker
-from builder.cubin import inspect_cubin
+from builder.check.validate import Project, validate_project
+from builder.compile.cubin import inspect_cubin
+from builder.compile.job import CompileFailure, CompileJob, compile_job, prepare_worker
+from builder.compile.objfile import cubins, fatbin
 from builder.diagnostics import Severity
-from builder.objfile import cubins, fatbin
 from builder.render import render_kernel
-from builder.validate import Project, validate_project
 from tests.fixture_catalogs import make_project
 
 pytestmark = pytest.mark.compile

@@ -12,15 +12,15 @@ from types import SimpleNamespace
 
 import pytest
 
-import builder.build as build_module
-from builder.build import object_key
-from builder.bundle import BundleFile, write_bundle
-from builder.cache import ContentCache, canonical_key
-from builder.compile import CompileJob
-from builder.objfile import EntryPoints
-from builder.publish import REPORT_NAME, bundle_is_current, publish_tree, remove_leftovers, tree_digests
-from builder.records import BuildRecord
-from builder.reproduce import compare_trees
+import builder.pipeline.build as build_module
+from builder.compile.cache import ContentCache, canonical_key
+from builder.compile.job import CompileJob
+from builder.compile.objfile import EntryPoints
+from builder.compile.records import BuildRecord
+from builder.package.bundle import BundleFile, write_bundle
+from builder.package.publish import REPORT_NAME, bundle_is_current, publish_tree, remove_leftovers, tree_digests
+from builder.pipeline.build import object_key
+from builder.pipeline.reproduce import compare_trees
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = CompileJob("k", "sm_90a", "SOURCE = 1\n")
@@ -47,7 +47,7 @@ def test_object_key_changes_with_each_component(component, monkeypatch):
     elif component == "arch":
         job = CompileJob("k", "sm_100a", JOB.source)
     elif component == "options":
-        monkeypatch.setattr("builder.compile.HOST_TARGET", "llvm -mtriple=aarch64-unknown-linux-gnu")
+        monkeypatch.setattr("builder.compile.job.HOST_TARGET", "llvm -mtriple=aarch64-unknown-linux-gnu")
     elif component == "compiler":
         monkeypatch.setattr(build_module, "compiler_fingerprint", lambda: "nvidia-cutlass-dsl==9.9")
     elif component == "inspector":
@@ -122,7 +122,7 @@ PUT_SCRIPT = """
 import sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from builder.cache import ContentCache
+from builder.compile.cache import ContentCache
 root, barrier, me = Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
 while not barrier.exists():
     time.sleep(0.001)

@@ -11,18 +11,18 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from builder import parallel
-from builder.build import BundleResult, BuildResult
-from builder.cli import main as cli
-from builder.compile import CompileFailure, CompileJob
-from builder.cubin import CubinInfo
+from builder.cli.commands import main as cli
+from builder.cli.progress import BuildProgress
+from builder.cli.report import print_build_result, print_outcome
+from builder.compile import parallel
+from builder.compile.cubin import CubinInfo
+from builder.compile.job import CompileFailure, CompileJob
+from builder.compile.records import BuildRecord
+from builder.compile.toolchain import ToolchainError
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
-from builder.merge import _common_selection
-from builder.progress import BuildProgress
-from builder.records import BuildRecord
-from builder.report import print_build_result, print_outcome
-from builder.shard import SHARD_FILE, SHARD_SCHEMA, load_shards
-from builder.toolchain import ToolchainError
+from builder.pipeline.build import BuildResult, BundleResult
+from builder.pipeline.merge import _common_selection
+from builder.pipeline.shard import SHARD_FILE, SHARD_SCHEMA, load_shards
 
 LONG_ID = "gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1"
 
@@ -166,7 +166,7 @@ def test_a_missing_toolchain_piece_is_a_usage_error_not_a_traceback(command, roo
     def missing():
         raise ToolchainError("the build toolchain needs the nvidia-cutlass-dsl wheel")
 
-    monkeypatch.setattr("builder.build.compiler_fingerprint", missing)
+    monkeypatch.setattr("builder.pipeline.build.compiler_fingerprint", missing)
     res = CliRunner().invoke(cli, ["--root", str(root), *command, "--cache", str(tmp_path)])
     assert res.exit_code == 2 and "needs the nvidia-cutlass-dsl wheel" in res.stderr
     assert res.exception is None or isinstance(res.exception, SystemExit)

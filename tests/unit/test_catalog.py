@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from builder.catalog import CatalogFile, load_catalog, parse_size
+from builder.check.validate import Project, validate_project
 from builder.diagnostics import DiagnosticError
-from builder.facts import FactsFile
+from builder.load.catalog import CatalogFile, load_catalog, parse_size
+from builder.load.facts import FactsFile
+from builder.load.pydantic_errors import diagnostics_from_validation
+from builder.load.templates import TemplateManifest
+from builder.load.yamlsrc import format_path, load_yaml
 from tilekiln.spec import parse_kernel_id
-from builder.pydantic_errors import diagnostics_from_validation
-from builder.templates import TemplateManifest
-from builder.validate import Project, validate_project
-from builder.yamlsrc import format_path, load_yaml
 
 
 def test_default_catalog_validates_clean(root):

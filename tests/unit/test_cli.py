@@ -9,11 +9,11 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from builder import entry
-from builder.build import BuildRequest, Selection, build
-from builder.cli import main
+from builder.cli import entry
+from builder.cli.commands import main
+from builder.compile.parallel import LocalExecutor
 from builder.diagnostics import JSON_KEYS, LOCATION_KEYS, DiagnosticError
-from builder.parallel import LocalExecutor
+from builder.pipeline.build import BuildRequest, Selection, build
 from tests.fixture_catalogs import ROOT, expectations
 
 BROKEN = ROOT / "tests" / "fixtures" / "broken_catalog"
@@ -175,7 +175,7 @@ def test_an_internal_error_prints_its_traceback_only_when_asked(argv, debug_env,
     def broken(*args, **kwargs):
         raise RuntimeError("deliberate")
 
-    monkeypatch.setattr("builder.validate.validate_project", broken)
+    monkeypatch.setattr("builder.check.validate.validate_project", broken)
     monkeypatch.setattr(sys, "argv", ["tilekiln", "--root", str(ROOT), *argv])
     monkeypatch.delenv("TILEKILN_DEBUG", raising=False)
     if debug_env is not None:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from builder.cli import main
-from builder.compile import COMPILE_HINTS
+from builder.check.validate import Project, validate_project
+from builder.cli.commands import main
+from builder.compile.job import COMPILE_HINTS
 from builder.diagnostics import Diagnostic, DiagnosticError, Location, Severity, render
-from builder.validate import Project, validate_project
 from tests.fixture_catalogs import FIXTURES, expectations, make_project, overlays, validate_fixture
 
 

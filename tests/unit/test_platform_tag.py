@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from builder.compile.toolchain import zig_binary
 from builder.diagnostics import DiagnosticError, Location
-from builder.platform_tag import GlibcTarget, platform_tag
-from builder.toolchain import zig_binary
+from builder.package.platform_tag import GlibcTarget, platform_tag
 
 pytestmark = pytest.mark.skipif(platform.machine() != "x86_64", reason="needs x86-64 Linux")
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from builder.check.rules import RULES
+from builder.check.validate import Project, validate_project
 from builder.diagnostics import Severity
-from builder.rules import RULES
-from builder.validate import Project, validate_project
 from tests.fixture_catalogs import FIXTURES, expectations, found, make_project, overlay_files, validate_fixture
 
 # Diagnostics that come from loading files rather than from RULES.

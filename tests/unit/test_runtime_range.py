@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from packaging.specifiers import SpecifierSet
 
-from builder.manifest import runtime_requirement
+from builder.package.manifest import runtime_requirement
 
 parts = st.integers(min_value=0, max_value=40)
 

@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from tests.records import kernel_record, write_bundle
 from tilekiln import discovery
 from tilekiln._tensors import Operand
 from tilekiln.bundle import Bundle, DeviceInfo
@@ -16,9 +17,7 @@ from tilekiln.errors import BundleIntegrityError, TuningFileWarning
 from tilekiln.manifest import MANIFEST_NAME, TuningTable, read_manifest
 from tilekiln.problem import make_problem
 from tilekiln.select import layout_code, shape_bucket
-from tilekiln.tuning.table import (TUNING_NAME, add_measured, overlay, read_tuning_file, tuning_digest,
-                                   write_tuning_file)
-from tests.records import kernel_record, write_bundle
+from tilekiln.tuning.table import TUNING_NAME, add_measured, overlay, read_tuning_file, tuning_digest, write_tuning_file
 
 KERNELS = (kernel_record(0, "k_wide", (128, 256, 64)), kernel_record(1, "k_square", (128, 128, 64)))
 
@@ -162,8 +161,8 @@ def test_an_open_bundle_reads_nothing_per_call_and_follows_a_new_table_when_told
 
 
 def test_inspect_reports_the_table_a_tuned_directory_selects_by_and_a_damaged_file_as_load_does(tmp_path):
-    from builder.artifact import open_artifact
-    from builder.inspection import inspect_json
+    from builder.cli.inspection import inspect_json
+    from builder.package.artifact import open_artifact
 
     built, tuned = bucket(256, 4096, 4096), bucket(4096, 4096, 4096)
     directory = write_bundle(tmp_path / "sm90a", KERNELS, {built: "k_square"})

@@ -1,0 +1,169 @@
+"""Derived values of a tcgen05 (Blackwell, Rubin) kernel: stages, shared and tensor memory.
+
+With a template, the shared-memory model mirrors the ``Storage`` struct of
+``templates/sm100_gemm.py.j2``: the operand ring's full/empty mbarriers, the
+accumulator full/empty mbarriers, the TMEM dealloc mbarrier and the TMEM
+address word, then the A ring, the B ring and the epilogue buffer, each
+aligned to ``smem_buffer_alignment``; the DSL's static reservation comes on
+top. Under a 2-CTA MMA each CTA holds its M rows of A and half of B's N. The
+build compares the struct size the DSL reports while tracing with this model
+(measured: 128x256x64, 4 stages, 1-CTA 214016 B; 2-CTA 148480 B; both equal).
+
+Without a template (pipelines no template serves yet), the plan counts only
+what any kernel of the config must hold, the operand and scale-factor rings
+and their mbarriers, so its shared-memory figure is a lower bound and its
+automatic stage count an upper bound; the rules say so.
+
+Tensor memory holds accumulators as 32-bit cells, one lane per row, whatever
+the accumulator type. Column counts follow the DSL's accumulator layouts
+(``make_fragment_C``, measured with ``find_tmem_tensor_col_offset``):
+128 rows per CTA take N columns per stage; a 1-CTA M=64 accumulator fills
+half the lanes, so two stages share N columns (64x128, 2 stages: 128); a
+2-CTA M=128 pair folds each CTA's 64 rows onto all lanes in N/2 columns
+(2-CTA 128x128: 64 per stage). The allocation is a power of two of at least
+``tmem_alloc_min_columns``, or every column when the pipeline allows an
+exclusive allocation above ``tmem_exclusive_above``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from builder.check.derive.common import SmemUse, align_up, storage_layout, tma_contract
+from builder.load.facts import PipelineFacts
+from builder.load.templates import Tcgen05Parameters
+from tilekiln.spec import Contract, KernelConfig
+
+
+@dataclass(frozen=True)
+class Tcgen05Plan:
+    """Everything a tcgen05 template needs beyond the config, and what the rules check."""
+
+    has_template: bool
+    cta_group: int
+    b_rows: int  # rows of B one CTA loads: tile N split over the CTA pair
+    mma_m: int
+    mma_n: int
+    cta_k_bytes: int
+    k_blocks: int  # MMA instructions along K per stage
+    threads: int | None  # None without a template
+    epi_m: int
+    epi_n: int
+    epi_stages: int
+    acc_stages: int
+    tmem_acc_columns: int
+    tmem_alloc_columns: int
+    stages: int  # resolved; 0 when not even one stage fits
+    max_fitting_stages: int  # within the budget and the descriptor limit: what auto picks
+    max_budget_stages: int  # within the shared-memory budget alone
+    max_descriptor_stages: int  # with every operand below the descriptor limit alone
+    smem: SmemUse
+    smem_optin: int
+    smem_budget: int
+    smem_budget_name: str
+    mcast_a: int  # CTAs one A load is multicast to (along cluster N)
+    mcast_b: int  # CTAs one B load is multicast to (along cluster M, per CTA pair)
+    contract: Contract
+    buffer_align: int  # bytes: every shared-memory buffer starts on this boundary
+
+
+def tmem_accumulator_columns(cta_m: int, n: int, cta_group: int, acc_stages: int, lanes: int) -> int:
+    """TMEM columns of ``acc_stages`` accumulators of a ``cta_m`` x ``n`` CTA tile (see module doc)."""
+    if cta_m >= lanes or cta_group == 2:
+        return n * cta_m // lanes * acc_stages
+    return n * math.ceil(acc_stages * cta_m / lanes)
+
+
+def tmem_allocation(columns: int, facts: PipelineFacts) -> int:
+    total = facts.require("tmem_columns")
+    exclusive_above = facts.require("tmem_exclusive_above") if facts.has("tmem_exclusive_above") else total
+    if columns > exclusive_above:
+        return total
+    return max(facts.require("tmem_alloc_min_columns"), 1 << max(0, (columns - 1).bit_length()))
+
+
+def _epilogue_tile(config: KernelConfig, p: Tcgen05Parameters | None) -> tuple[int, int]:
+    if p is None:
+        return 0, 0
+    epi_n = p.epilogue_tile_n
+    while epi_n > 1 and config.tile.n % epi_n:
+        epi_n //= 2
+    return min(config.tile.m, p.epilogue_tile_m), epi_n
+
+
+def tcgen05_smem(config: KernelConfig, facts: PipelineFacts, p: Tcgen05Parameters | None, stages: int,
+                 epi_m: int, epi_n: int) -> SmemUse:
+    align = facts.require("smem_buffer_alignment")
+    mbar = facts.require("mbarrier_bytes")
+    d, t, group = config.dtypes, config.tile, config.cta_group
+    a = t.m * t.k * d.a.bits // 8 * stages
+    b = t.n // group * t.k * d.b.bits // 8 * stages
+    scales = 0
+    if config.block_scale is not None:
+        rows = facts.require("block_scale_atom_rows")
+        blocks = math.ceil(t.k / config.block_scale.block)
+        width = config.block_scale.scale.bits
+        scales = (align_up(t.m, rows) + align_up(t.n // group, rows)) * blocks * width // 8 * stages
+    if p is None:
+        barriers = 2 * stages * mbar
+        dynamic, operand_end = storage_layout(barriers, a, b, 0, align, scales)
+        return SmemUse(barriers, a, b, 0, dynamic, 0, operand_end, scales)
+    # ring full/empty, accumulator full/empty, the TMEM dealloc mbarrier, then the 32-bit TMEM address
+    barriers = (2 * stages + 2 * p.acc_stages + 1) * mbar + 4
+    epi = epi_m * epi_n * d.c.bits // 8 * p.epilogue_stages
+    dynamic, operand_end = storage_layout(barriers, a, b, epi, align)
+    return SmemUse(barriers, a, b, epi, dynamic, p.static_smem_bytes, operand_end, scales)
+
+
+def smem_budget(facts: PipelineFacts, p: Tcgen05Parameters | None) -> tuple[int, str]:
+    """The bytes a launch of this kernel gets and what they are called.
+
+    The oversized carveout counts only when the generated launch requests it;
+    otherwise the budget is the opt-in limit (PR #593 review).
+    """
+    optin = facts.require("smem_per_block_optin")
+    if p is not None and p.oversized_smem_launch and facts.has("smem_oversized_carveout"):
+        return facts.require("smem_oversized_carveout"), "oversized carveout"
+    return optin, "opt-in limit"
+
+
+def plan_tcgen05(config: KernelConfig, facts: PipelineFacts, p: Tcgen05Parameters | None) -> Tcgen05Plan:
+    t, d, group = config.tile, config.dtypes, config.cta_group
+    k_bytes = t.k * d.a.bits // 8
+    mma_k = facts.require("mma_k_bytes")
+    epi_m, epi_n = _epilogue_tile(config, p)
+    acc_stages = p.acc_stages if p is not None else 1
+    acc_columns = tmem_accumulator_columns(t.m, t.n, group, acc_stages, facts.require("tmem_lanes"))
+    budget, budget_name = smem_budget(facts, p)
+    limit = facts.require("smem_descriptor_limit")
+
+    def use(stages: int) -> SmemUse:
+        return tcgen05_smem(config, facts, p, stages, epi_m, epi_n)
+
+    cap = p.max_stages if p is not None else None
+    in_budget = _largest(lambda s: use(s).total <= budget, cap)
+    in_reach = _largest(lambda s: use(s).operand_end <= limit, cap)
+    fitting = _largest(lambda s: use(s).total <= budget and use(s).operand_end <= limit, cap)
+    stages = config.stages if config.stages is not None else fitting
+    return Tcgen05Plan(
+        has_template=p is not None, cta_group=group, b_rows=t.n // group, mma_m=t.m * group, mma_n=t.n,
+        cta_k_bytes=k_bytes, k_blocks=k_bytes // mma_k if k_bytes % mma_k == 0 else 0,
+        threads=p.threads if p is not None else None,
+        epi_m=epi_m, epi_n=epi_n, epi_stages=p.epilogue_stages if p is not None else 0,
+        acc_stages=acc_stages, tmem_acc_columns=acc_columns,
+        tmem_alloc_columns=tmem_allocation(acc_columns, facts),
+        stages=stages, max_fitting_stages=fitting, max_budget_stages=in_budget,
+        max_descriptor_stages=in_reach, smem=use(max(stages, 1)),
+        smem_optin=facts.require("smem_per_block_optin"), smem_budget=budget, smem_budget_name=budget_name,
+        mcast_a=config.cluster.n, mcast_b=max(1, config.cluster.m // group),
+        contract=tma_contract(config.dtypes, facts), buffer_align=facts.require("smem_buffer_alignment"),
+    )
+
+
+def _largest(fits, cap: int | None) -> int:
+    """The largest stage count for which ``fits`` holds (0 if none); usage grows with stages."""
+    best = 0
+    while (cap is None or best < cap) and fits(best + 1):
+        best += 1
+    return best

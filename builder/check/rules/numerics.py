@@ -1,0 +1,131 @@
+"""Rules on what a kernel computes and where: targets, template, dtypes, layout, schedule."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from builder.check.context import KernelContext
+from builder.check.rules.registry import rule
+from builder.diagnostics import Diagnostic, did_you_mean
+
+
+@rule("TARGET-ARCH", "every target of a config is a compile target of its pipeline")
+def check_targets(ctx: KernelContext) -> Iterator[Diagnostic]:
+    known = ctx.facts.target_names
+    for t in ctx.entry.targets:
+        if t not in known:
+            close = did_you_mean(t, known)
+            yield ctx.diag("TARGET-ARCH", "targets", f"target {t!r} is not a target of pipeline "
+                           f"{ctx.facts.pipeline} ({ctx.facts.file} lists {', '.join(known)})",
+                           (f"did you mean {close!r}? " if close else "")
+                           + f"use one of {', '.join(known)}, or move the kernel to the pipeline that has {t}",
+                           target=t, targets=list(known), did_you_mean=close)
+
+
+@rule("TEMPLATE-SUPPORT", "a template serves the pipeline and implements the config")
+def check_template(ctx: KernelContext) -> Iterator[Diagnostic]:
+    if ctx.template is None:
+        yield ctx.diag("TEMPLATE-SUPPORT", "pipeline", f"no template implements pipeline {ctx.facts.pipeline}; "
+                       "the rules checked the config against its facts, but nothing can build it",
+                       f"write templates/<name>.py.j2 with a manifest for pipeline {ctx.facts.pipeline}, "
+                       "or keep the config out of the default catalog")
+        return
+    why = ctx.template.unsupported(ctx.entry.config)
+    if why:
+        field, reason = why
+        yield ctx.diag("TEMPLATE-SUPPORT", field, f"template {ctx.template.name}: {reason}",
+                       f"pick an offered value or extend the template and {ctx.template.manifest_file}",
+                       template=ctx.template.name)
+
+
+def _targets_outside(ctx: KernelContext, only_on: list[tuple[int, int]]) -> Iterator[tuple[str, list]]:
+    """Targets whose cubin may run on a compute capability outside ``only_on``."""
+    for name in ctx.entry.targets:
+        if name not in ctx.facts.target_names:
+            continue
+        outside = [cc for cc in ctx.facts.target(name).runs_on if cc not in only_on]
+        if outside:
+            yield name, outside
+
+
+def _cc(ccs) -> str:
+    return ", ".join(f"{m}.{n}" for m, n in ccs)
+
+
+@rule("DTYPE-COMBO", "the (A, B, accumulator, C) types, and the block scale, are an MMA kind of the pipeline")
+def check_dtypes(ctx: KernelContext) -> Iterator[Diagnostic]:
+    cfg = ctx.entry.config
+    d, scale = cfg.dtypes, cfg.block_scale
+    if scale is None:
+        combos = ctx.facts.require("dtype_combos")
+        match = [c for c in combos if (c.a, c.b, c.acc) == (d.a, d.b, d.acc)]
+        what = f"{d.a.value} x {d.b.value} accumulating in {d.acc.value}"
+        offered = ", ".join(f"{c.a.value}x{c.b.value}->{c.acc.value}" for c in combos) or "none (block-scaled only)"
+    else:
+        combos = ctx.facts.require("block_scale_combos")
+        match = [c for c in combos if (c.a, c.b, c.acc, c.scale, c.block) ==
+                 (d.a, d.b, d.acc, scale.scale, scale.block)]
+        what = (f"{d.a.value} x {d.b.value} with {scale.scale.value} scales per {scale.block} elements "
+                f"accumulating in {d.acc.value}")
+        offered = ", ".join(f"{c.name} ({c.a.value}x{c.b.value}, {c.scale.value}/{c.block})" for c in combos) \
+            or "none (no block-scaled MMA)"
+    field = "block_scale" if scale is not None and any((c.a, c.b) == (d.a, d.b) for c in combos) else "dtypes"
+    if not match:
+        yield ctx.diag("DTYPE-COMBO", field, f"{what} is not an MMA of pipeline {ctx.facts.pipeline}",
+                       f"use one of: {offered}", dtypes=[d.a, d.b, d.acc, d.c], offered=offered)
+        return
+    if d.c not in match[0].c:
+        yield ctx.diag("DTYPE-COMBO", "dtypes", f"output type {d.c.value} is not written from {d.acc.value} "
+                       f"accumulators on pipeline {ctx.facts.pipeline}",
+                       f"use c: {' or '.join(x.value for x in match[0].c)}", c=d.c, acc=d.acc,
+                       offered_c=list(match[0].c))
+
+
+@rule("DTYPE-ARCH", "the MMA kind exists on every compute capability each target's cubin may run on")
+def check_dtype_arch(ctx: KernelContext) -> Iterator[Diagnostic]:
+    cfg = ctx.entry.config
+    d, scale = cfg.dtypes, cfg.block_scale
+    if scale is None:
+        match = [c for c in ctx.facts.require("dtype_combos") if (c.a, c.b, c.acc) == (d.a, d.b, d.acc)]
+    else:
+        match = [c for c in ctx.facts.require("block_scale_combos")
+                 if (c.a, c.b, c.acc, c.scale, c.block) == (d.a, d.b, d.acc, scale.scale, scale.block)]
+    if not match or match[0].only_on is None:
+        return
+    only_on = [tuple(cc) for cc in match[0].only_on]
+    for name, outside in _targets_outside(ctx, only_on):
+        yield ctx.diag("DTYPE-ARCH", "targets", f"this MMA kind exists only on SM {_cc(only_on)}, but an {name} "
+                       f"cubin may run on SM {_cc(outside)}",
+                       "drop the target (an 'f' target also runs on later minors of its family) or the dtype",
+                       target=name, only_on=[list(cc) for cc in only_on], outside=[list(cc) for cc in outside])
+
+
+@rule("LAYOUT-DTYPE", "operands stored MN-major use a type the MMA can read transposed")
+def check_layout(ctx: KernelContext) -> Iterator[Diagnostic]:
+    cfg = ctx.entry.config
+    allowed = ctx.facts.require("mn_major_dtypes")
+    for name, k_major, dtype in (("A", cfg.layout.a_k_major, cfg.dtypes.a), ("B", cfg.layout.b_k_major, cfg.dtypes.b)):
+        if not k_major and dtype not in allowed:
+            yield ctx.diag("LAYOUT-DTYPE", "layout", f"operand {name} is MN-major but {dtype.value} operands "
+                           f"must be K-major on {ctx.facts.pipeline} (transposed MMA operands: "
+                           f"{', '.join(x.value for x in allowed) or 'none'})", "use layout tn for this dtype",
+                           operand=name, dtype=dtype, mn_major_dtypes=[x.value for x in allowed])
+
+
+@rule("SCHEDULE", "the consumer schedule exists for the pipeline's MMA instruction")
+def check_schedule(ctx: KernelContext) -> Iterator[Diagnostic]:
+    cfg = ctx.entry.config
+    if cfg.schedule.value == "pingpong" and ctx.mma != "wgmma":
+        yield ctx.diag("SCHEDULE", "schedule", f"schedule pingpong alternates consumer warpgroups of warpgroup "
+                       f"MMAs; pipeline {ctx.facts.pipeline} issues {ctx.mma} MMAs from one thread into tensor "
+                       "memory, where accumulator double-buffering does that job",
+                       "remove schedule (tcgen05 templates overlap the epilogue with the next tile's MMAs)",
+                       schedule=cfg.schedule, mma_instruction=ctx.mma)
+
+
+@rule("SWIZZLE", "the raster swizzle is a power of two")
+def check_swizzle(ctx: KernelContext) -> Iterator[Diagnostic]:
+    s = ctx.entry.config.swizzle
+    if s & (s - 1) or s > 16:
+        yield ctx.diag("SWIZZLE", "swizzle", f"swizzle {s} is not a power of two up to 16", "use 1, 2, 4, 8 or 16",
+                       swizzle=s, max_swizzle=16)

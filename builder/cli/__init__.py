@@ -1,0 +1,1 @@
+"""The ``tilekiln`` command line: commands, progress, reports and inspection."""
