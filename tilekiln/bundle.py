@@ -236,6 +236,12 @@ class Bundle:
                               f"{lib.error_name(status)} ({lib.error_string(status)})")
         return count
 
+    @property
+    def prepared(self) -> frozenset[tuple[str, int]]:
+        """(kernel id, device ordinal) of every kernel loaded and prepared on a device so far: each
+        pair once, however many threads asked for it (the multi-GPU tests count on it)."""
+        return frozenset((self.kernels[index].id, device) for index, device in self._ready)
+
     def _ensure_ready(self, index: int, device: int) -> None:
         if (index, device) in self._ready:
             return
