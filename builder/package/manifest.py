@@ -26,7 +26,7 @@ from tilekiln.splitk import parse_label
 
 if TYPE_CHECKING:
     from builder.check.validate import Validation
-    from builder.pipeline.build import BuildRecord
+    from builder.compile.records import BuildRecord
 
 # Major: a change a reader of the previous major cannot ignore (a field removed,
 # renamed or given a new meaning). Minor: fields added that old readers skip.
