@@ -1,7 +1,12 @@
 """The tune command: measure which kernel is fastest per shape bucket and keep the table beside the bundle.
 
-    python3 -m tilekiln.tune BUNDLE_DIR [--shapes 4096x4096x4096,...] [--dtype bf16|f16|e4m3]
-                             [--iters N] [--settle-ms MS] [--table-out catalog/tuning/<bundle>.json]
+    python3 -m tilekiln.tune BUNDLE_DIR [--shapes 4096x4096x4096,...] [--model config.json ...]
+                             [--dtype bf16|f16|e4m3] [--iters N] [--settle-ms MS]
+                             [--table-out catalog/tuning/<bundle>.json]
+
+``--model`` (repeatable) adds every linear layer of a Hugging Face style config at the tuning
+half of the token grid (tilekiln/tuning/models.py), so the held-out half stays unseen for
+bench/sweep.py.
 
 Runs on a GPU with torch; tilekiln/tuning/policy.py says what it measures and
 tilekiln/tuning/timing.py how. After every shape, the buckets measured so far
@@ -34,6 +39,8 @@ from tilekiln._files import write_atomic
 from tilekiln.errors import BundleError
 from tilekiln.manifest import MANIFEST_NAME, TuningTable
 from tilekiln.tuning.merge import combine, mergeable, read_run
+from tilekiln.tuning.models import ConfigError, linear_layers, read_config, split_held_out, token_grid
+from tilekiln.tuning.models import shapes as models_shapes
 from tilekiln.tuning.policy import DEFAULT_SHAPES, tune
 from tilekiln.tuning.table import TUNING_NAME, add_measured, write_tuning_file
 from tilekiln.tuning.timing import SETTLE_MS, CaptureError, require_cuda_torch
@@ -50,10 +57,25 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     return shapes
 
 
+def model_shapes(configs: list[Path]) -> list[tuple[int, int, int]]:
+    """The (M, N, K) of every linear layer of ``configs`` at the tuning half of the token grid;
+    SystemExit naming ``--model`` and the file when a config does not read."""
+    tuning, _ = split_held_out(token_grid())
+    out: list[tuple[int, int, int]] = []
+    for path in configs:
+        try:
+            out += models_shapes(linear_layers(read_config(path), str(path)), tuning)
+        except ConfigError as exc:
+            raise SystemExit(f"--model: {exc}") from None
+    return list(dict.fromkeys(out))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python3 -m tilekiln.tune", description=__doc__.split("\n")[0])
     p.add_argument("bundle", type=Path)
     p.add_argument("--shapes", default=None, help="comma-separated MxNxK list (default: an LLM shape grid)")
+    p.add_argument("--model", type=Path, action="append", default=[], metavar="CONFIG.json",
+                   help="tune every linear layer of this model config at the tuning half of the token grid")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "e4m3"])
     p.add_argument("--iters", type=int, default=20, help="launches per candidate in the screen")
     p.add_argument("--settle-ms", type=float, default=SETTLE_MS,
@@ -77,8 +99,10 @@ def main(argv: list[str] | None = None) -> None:
         _write(args, bundle, bundle.tuning_file, table, devices.pop())
         print(f"wrote {len(table)} buckets to {bundle.directory / TUNING_NAME}", file=sys.stderr)
         return
+    shapes = model_shapes(args.model) + (parse_shapes(args.shapes) if args.shapes else [])
+    if not shapes:
+        shapes = DEFAULT_SHAPES
     torch = require_cuda_torch("tilekiln tune")
-    shapes = parse_shapes(args.shapes) if args.shapes else DEFAULT_SHAPES
     device = torch.cuda.get_device_name()
     bundle = _load(args.bundle)
     earlier = bundle.tuning_file
