@@ -22,8 +22,8 @@ with ``lstat`` that the name is a regular file before it opens it, opens it with
 opened file again with ``fstat`` before it reads it whole. Callers verify the bytes it returns
 and use those bytes, never the path again.
 
-Identity. :func:`identity` of a scan is each entry's name and kind (but those of
-:data:`REWRITTEN`) and, for the files the runtime verifies (the manifest, the listed files, the signature), ``(device, inode, size,
+Identity. :func:`identity` of a scan is each entry's name and kind (but those of the
+regular files of :data:`REWRITTEN`) and, for the files the runtime verifies (the manifest, the listed files, the signature), ``(device, inode, size,
 modification time, change time, mode)``: a file rewritten in place gets a new change time (the
 kernel sets it; a user cannot set it back), a file replaced gets a new inode, an entry added
 or removed changes the names. :func:`read_file` returns the ``fstat`` taken before it read, so
@@ -103,10 +103,12 @@ def check_entries(label: str, entries: Scan, listed: Iterable[str]) -> None:
         what = kind(entries[relative])
         if what == "directory" and relative in directories:
             continue
-        if what == "file" and (relative in files or temporary_of(relative) in REWRITTEN):
+        if what == "file" and (relative in files or _rewritten(relative) is not None):
             continue
-        if relative in files or relative in directories:
+        if relative in files:
             raise BundleIntegrityError(label, relative, f"is a {what}, not a regular file", _fix(relative))
+        if relative in directories:
+            raise BundleIntegrityError(label, relative, f"is a {what}, not a directory", _fix(relative))
         raise BundleIntegrityError(
             label, relative, f"is a {what} that manifest.json does not list",
             f"remove it (a bundle holds only the files its manifest lists, {', '.join(UNLISTED)}), or reinstall "
@@ -162,12 +164,12 @@ Identity = frozenset
 
 def identity(entries: Scan, verified: dict[str, os.stat_result]) -> Identity:
     """The names and kinds of ``entries``, with the stat key of each file in ``verified``. The
-    files of :data:`REWRITTEN` and their temporaries are left out: a tune or a build report
-    rewrites them while the bundle is loaded, and the runtime reads the tuning file only
-    through :func:`read_file` and its own digest."""
-    return frozenset((relative, kind(st), _key(verified[relative]) if relative in verified else None)
+    files of :data:`REWRITTEN` and their temporaries are left out while they are regular files:
+    a tune or a build rewrites them while the bundle is loaded, and the runtime reads the
+    tuning file only through :func:`read_file` and its own digest."""
+    return frozenset((relative, what, _key(verified[relative]) if relative in verified else None)
                      for relative, st in entries.items()
-                     if relative not in REWRITTEN and temporary_of(relative) not in REWRITTEN)
+                     if (what := kind(st)) != "file" or _rewritten(relative) is None)
 
 
 def current_identity(label: str, directory: Path, verified: Iterable[str]) -> Identity:
@@ -181,6 +183,14 @@ def current_identity(label: str, directory: Path, verified: Iterable[str]) -> Id
     finally:
         os.close(root)
     return identity(entries, {r: entries[r] for r in verified if r in entries})
+
+
+def _rewritten(relative: str) -> str | None:
+    """The file of :data:`REWRITTEN` that ``relative`` is, or is the temporary file of."""
+    for name in (relative, temporary_of(relative)):
+        if name in REWRITTEN:
+            return name
+    return None
 
 
 def _key(st: os.stat_result) -> tuple[int, ...]:
