@@ -16,7 +16,7 @@ fields per call and took 11.7 us in all, the two-block launch (ABI 3 on) 6.8.
 The library is opened from the bytes whose sha256 the manifest lists, as
 verified in memory (tilekiln/manifest.py, ``read_bundle``), never from its
 path in the bundle, which anyone who can write the bundle could swap after
-the check. :func:`private_copy` writes those bytes to an anonymous memory
+the check. :func:`open_private` writes those bytes to an anonymous memory
 file (``memfd_create``) sealed against any change, and ``dlopen`` opens it as
 ``/proc/self/fd/N``: it has no name in any file system, so nothing can replace
 it, and the seals keep even this process from changing it. Where the kernel

@@ -69,9 +69,16 @@ def kind(st: os.stat_result) -> str:
     return "special file"
 
 
-def scan(root: int) -> Scan:
+def scan(label: str, root: int) -> Scan:
     """Every entry below the directory open as ``root`` with its ``lstat``; symbolic links are
-    listed, not followed."""
+    listed, not followed. Raises :class:`BundleIntegrityError` when it cannot be listed."""
+    try:
+        return _scan(root)
+    except OSError as exc:
+        raise BundleIntegrityError(label, ".", f"cannot be listed ({exc.strerror})") from None
+
+
+def _scan(root: int) -> Scan:
     found: Scan = {}
     pending = [("", os.dup(root))]
     try:
@@ -98,12 +105,12 @@ def check_entries(label: str, entries: Scan, listed: Iterable[str]) -> None:
     one of them that is not a regular file or a directory. Raises :class:`BundleIntegrityError`
     naming the first such entry, in path order."""
     files = {MANIFEST_NAME, *UNLISTED, *listed}
-    directories = {"/".join(parts[:i]) for f in files for parts in [f.split("/")] for i in range(1, len(parts))}
+    directories = {parent for f in files for parent in _parents(f)}
     for relative in sorted(entries):
         what = kind(entries[relative])
         if what == "directory" and relative in directories:
             continue
-        if what == "file" and (relative in files or _rewritten(relative) is not None):
+        if what == "file" and (relative in files or _rewritten(relative)):
             continue
         if relative in files:
             raise BundleIntegrityError(label, relative, f"is a {what}, not a regular file", _fix(relative))
@@ -169,7 +176,7 @@ def identity(entries: Scan, verified: dict[str, os.stat_result]) -> Identity:
     tuning file only through :func:`read_file` and its own digest."""
     return frozenset((relative, what, _key(verified[relative]) if relative in verified else None)
                      for relative, st in entries.items()
-                     if (what := kind(st)) != "file" or _rewritten(relative) is None)
+                     if (what := kind(st)) != "file" or not _rewritten(relative))
 
 
 def current_identity(label: str, directory: Path, verified: Iterable[str]) -> Identity:
@@ -177,20 +184,21 @@ def current_identity(label: str, directory: Path, verified: Iterable[str]) -> Id
     scan; raises :class:`BundleIntegrityError` when it cannot be opened."""
     root = open_directory(label, directory)
     try:
-        entries = scan(root)
-    except OSError as exc:
-        raise BundleIntegrityError(label, ".", f"cannot be listed ({exc.strerror})") from None
+        entries = scan(label, root)
     finally:
         os.close(root)
     return identity(entries, {r: entries[r] for r in verified if r in entries})
 
 
-def _rewritten(relative: str) -> str | None:
-    """The file of :data:`REWRITTEN` that ``relative`` is, or is the temporary file of."""
-    for name in (relative, temporary_of(relative)):
-        if name in REWRITTEN:
-            return name
-    return None
+def _rewritten(relative: str) -> bool:
+    """Whether ``relative`` is a file of :data:`REWRITTEN` or the temporary file of one."""
+    return relative in REWRITTEN or temporary_of(relative) in REWRITTEN
+
+
+def _parents(relative: str) -> list[str]:
+    """``a/b/c`` -> ``["a", "a/b"]``."""
+    parts = relative.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def _key(st: os.stat_result) -> tuple[int, ...]:

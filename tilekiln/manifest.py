@@ -186,8 +186,7 @@ def manifest_digest(data: dict) -> str:
 def _check_relative(relative) -> None:
     """A listed file's path: relative, inside the bundle, spelled one way, not a name kept for
     the files beside the manifest."""
-    parts = relative.split("/") if isinstance(relative, str) else [""]
-    if any(p in ("", ".", "..") or "\0" in p for p in parts):
+    if not isinstance(relative, str) or any(p in ("", ".", "..") or "\0" in p for p in relative.split("/")):
         raise ValueError(f"file {relative!r} lies outside the bundle directory or is not a plain relative path")
     if relative in (MANIFEST_NAME, *UNLISTED):
         raise ValueError(f"file {relative!r} is not one the manifest may list")
@@ -211,10 +210,7 @@ def read_bundle(directory: Path) -> VerifiedBundle:
     label = directory.name
     root = open_directory(label, directory)
     try:
-        try:
-            entries = scan(root)
-        except OSError as exc:
-            raise BundleIntegrityError(label, ".", f"cannot be listed ({exc.strerror})") from None
+        entries = scan(label, root)
         raw, manifest_stat = read_file(label, root, MANIFEST_NAME)
         manifest = parse_manifest(raw, label)
         check_entries(manifest.name, entries, (relative for relative, _ in manifest.files))

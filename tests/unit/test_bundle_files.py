@@ -129,7 +129,8 @@ def test_a_fifo_tuning_file_does_not_block_a_load(bundle):
 
 @pytest.mark.parametrize("case", ["deeply nested", "nested 200 levels", "huge index", "infinite index",
                                   "float index", "bool index", "negative index", "indexes out of order",
-                                  "huge tile", "string threads", "NaN", "nul in a path"])
+                                  "huge tile", "string threads", "NaN", "nul in a path",
+                                  "a name kept for the files beside it"])
 def test_a_hostile_manifest_is_an_integrity_error_naming_it(bundle, case):
     def change(data):
         kernel = data["kernels"][0]
@@ -158,6 +159,8 @@ def test_a_hostile_manifest_is_an_integrity_error_naming_it(bundle, case):
             kernel["resources"]["registers"] = float("nan")
         elif case == "nul in a path":
             data["files"]["lib/\x00.so"] = "0" * 64
+        elif case == "a name kept for the files beside it":
+            data["files"]["tuning.json"] = "0" * 64
 
     if case == "deeply nested":
         text = (bundle / MANIFEST_NAME).read_text()
