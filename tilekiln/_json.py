@@ -4,8 +4,8 @@
 ``ValueError`` the caller turns into ``BundleIntegrityError``, never in a
 ``RecursionError``, an ``OverflowError`` from a number or a value no writer produces:
 
-- nesting at most :data:`MAX_DEPTH` levels (the deepest file tilekiln writes nests 6:
-  ``tuning.measurements.<bucket>.candidates.<kernel>``); the C scanner raises
+- nesting at most :data:`MAX_DEPTH` levels (the deepest file tilekiln writes nests 7:
+  ``tuning.measurements.<bucket>.samples.<kernel>[run][sample]``); the C scanner raises
   ``RecursionError`` near the interpreter's recursion limit, which is caught too;
 - numbers finite: ``NaN``, ``Infinity`` and a literal such as ``1e999`` (which ``float``
   reads as infinity, and ``int(inf)`` overflows) are refused;
