@@ -42,12 +42,13 @@ def manifest(kernels: tuple[KernelRecord, ...] = (), tuning: dict[str, str] | No
         tuning=TuningTable("test", tuple(sorted(tuning.items()))) if tuning else None)
 
 
-def write_bundle(directory: Path, kernels: tuple[KernelRecord, ...] = (), tuning: dict[str, str] | None = None) -> Path:
+def write_bundle(directory: Path, kernels: tuple[KernelRecord, ...] = (), tuning: dict[str, str] | None = None,
+                 library: bytes = b"") -> Path:
     """A bundle directory that ``tilekiln.load`` verifies: ``manifest(kernels, tuning)`` with its
-    self digest and an empty library file (nothing here opens it)."""
+    self digest and a library file holding ``library`` (nothing here opens it)."""
     (directory / "lib").mkdir(parents=True)
-    (directory / "lib" / "lib.so").write_bytes(b"")
-    data = dict(manifest(kernels, tuning).plain(), files={"lib/lib.so": hashlib.sha256(b"").hexdigest()})
+    (directory / "lib" / "lib.so").write_bytes(library)
+    data = dict(manifest(kernels, tuning).plain(), files={"lib/lib.so": hashlib.sha256(library).hexdigest()})
     data["integrity"] = {"manifest_sha256": manifest_digest(data)}
     (directory / MANIFEST_NAME).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return directory

@@ -23,16 +23,23 @@ __all__ = ["load", "bundles", "gemm", "linear", "scaled_gemm", "explain", "Bundl
            "BundleIntegrityError", "BundleCompatibilityError", "NoKernelError", "LaunchError"]
 
 
-def load(path_or_name):
-    """A bundle by directory path or installed name (e.g. ``"sm90a"``); files are verified first."""
+def load(path_or_name, *, trusted_keys=None):
+    """A bundle by directory path or installed name (e.g. ``"sm90a"``); its files are verified
+    first, and checked again on every call (docs/security.md).
+
+    ``trusted_keys``: public keys (PEM text, or paths of files of them) of which one must have
+    signed the bundle (``tilekiln sign``); ``TILEKILN_TRUSTED_KEYS`` names a file of keys that
+    every load requires, this one included. Checking signatures needs ``cryptography``
+    (``pip install 'tilekiln-runtime[signatures]'``).
+    """
     from tilekiln.discovery import find, open_bundle
 
     path = Path(path_or_name)
     if path.is_dir():
-        return open_bundle(path)
+        return open_bundle(path, trusted_keys)
     if isinstance(path_or_name, Path) or "/" in str(path_or_name):
         raise BundleError(f"{path_or_name}: no such bundle directory")
-    return open_bundle(find(str(path_or_name)).directory)
+    return open_bundle(find(str(path_or_name)).directory, trusted_keys)
 
 
 def bundles():
@@ -47,6 +54,8 @@ _default_for_device: dict[int, object] = {}
 
 
 def _default_bundle(device: int):
+    """The installed bundle for ``device``, opened once; ``TILEKILN_TRUSTED_KEYS`` applies to it as
+    to every load."""
     bundle = _default_for_device.get(device)
     if bundle is not None:
         return bundle

@@ -7,8 +7,12 @@ schemas, published trees). Standard library only.
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from pathlib import Path
+
+# What write_atomic names its temporary file: ``.<name>.<pid>-<12 hex>.tmp``.
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.[0-9]+-[0-9a-f]{12}\.tmp")
 
 
 def write_synced(path: Path, data: bytes) -> None:
@@ -30,3 +34,10 @@ def write_atomic(path: Path, data: bytes | str) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def temporary_of(name: str) -> str | None:
+    """The name of the file that the :func:`write_atomic` temporary file ``name`` replaces, or None
+    if ``name`` is not one."""
+    found = _TEMPORARY.fullmatch(name)
+    return found.group("name") if found else None

@@ -12,14 +12,28 @@ passes as pointers without per-argument conversion. On the H200 host the call
 block's pack costs 0.12 us and crossing into C 0.15 us
 (bench/results/overhead-h200-2026-12-02.json); the ABI-2 launch packed all 18
 fields per call and took 11.7 us in all, the two-block launch (ABI 3 on) 6.8.
+
+The library is opened from the bytes whose sha256 the manifest lists, as
+verified in memory (tilekiln/manifest.py, ``read_bundle``), never from its
+path in the bundle, which anyone who can write the bundle could swap after
+the check. :func:`open_private` writes those bytes to an anonymous memory
+file (``memfd_create``) sealed against any change, and ``dlopen`` opens it as
+``/proc/self/fd/N``: it has no name in any file system, so nothing can replace
+it, and the seals keep even this process from changing it. Where the kernel
+refuses that (no memfd, or ``vm.memfd_noexec=2``, or a security module that
+forbids mapping it executable), the copy goes to a fresh private temporary
+directory (mode 0700) instead, which only this user can write.
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
+import os
+import shutil
 import struct
+import tempfile
 import threading
-from pathlib import Path
 
 from tilekiln.spec import FAMILIES, Family
 
@@ -33,10 +47,72 @@ ATTR_COMPUTE_CAPABILITY_MAJOR = 75
 ATTR_COMPUTE_CAPABILITY_MINOR = 76
 
 
+_SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+# The memory files of opened libraries stay open for the life of the process: glibc knows a
+# loaded library by the name it was opened as, so if /proc/self/fd/N were closed and N reused for
+# another bundle's copy, dlopen of that name would return the first library.
+_kept: list[int] = []
+
+
+class LibraryOpenError(OSError):
+    """Neither private copy of a library could be opened; the message says why each failed."""
+
+
+def open_private(image: bytes, name: str) -> tuple[ctypes.CDLL, str]:
+    """``dlopen`` of a private copy of ``image`` (the verified bytes of a library called ``name``);
+    returns the library and the path it was opened as."""
+    errors = []
+    for what, copy in (("a sealed memfd", _memory_copy), ("a private temporary file", _temporary_copy)):
+        try:
+            return copy(image, name)
+        except OSError as exc:
+            errors.append(f"from {what}: {exc}")
+    raise LibraryOpenError("; ".join(errors))
+
+
+def _memory_copy(image: bytes, name: str) -> tuple[ctypes.CDLL, str]:
+    """Open ``image`` from an anonymous memory file, sealed against writes and resizing."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        _write_all(fd, image)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+        path = f"/proc/self/fd/{fd}"
+        lib = ctypes.CDLL(path, mode=getattr(ctypes, "RTLD_LOCAL", 0))
+    except BaseException:
+        os.close(fd)
+        raise
+    _kept.append(fd)
+    return lib, path
+
+
+def _temporary_copy(image: bytes, name: str) -> tuple[ctypes.CDLL, str]:
+    """Open ``image`` from a file in a new temporary directory only this user can write; the
+    file and directory are removed once it is mapped."""
+    directory = tempfile.mkdtemp(prefix="tilekiln-")  # mode 0700, made by this call
+    try:
+        path = os.path.join(directory, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o500)
+        try:
+            _write_all(fd, image)
+        finally:
+            os.close(fd)
+        return ctypes.CDLL(path, mode=getattr(ctypes, "RTLD_LOCAL", 0)), path
+    finally:
+        # The mapping outlives the file, and a later copy gets another random directory, so
+        # glibc never sees this name again.
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 class NativeLibrary:
-    def __init__(self, path: Path):
-        self.path = path
-        lib = ctypes.CDLL(str(path), mode=getattr(ctypes, "RTLD_LOCAL", 0))
+    def __init__(self, image: bytes, name: str):
+        """Open a private copy of ``image``, the verified bytes of the library file ``name``."""
+        lib, self.path = open_private(image, name)
         for name, argtypes, restype in (
             ("tk_abi_version", [], ctypes.c_int),
             ("tk_kernel_count", [], ctypes.c_int),

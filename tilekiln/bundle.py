@@ -1,5 +1,11 @@
 """A loaded bundle: its kernels, lazy per-device loading and the GEMM call.
 
+The library is opened from the bytes that were verified when the Bundle was
+made (tilekiln/manifest.py, ``read_bundle``), through a private copy
+(tilekiln/_native.py), never from its path in the bundle; once opened, the
+Bundle lets go of the bytes. Nothing on the call path looks at the bundle's
+files: what tilekiln.load re-checks on every call is in tilekiln/discovery.py.
+
 Concurrency model: the library is opened, each kernel's cubin loaded
 (``tk_init``) and its per-device attributes set (``tk_load``) lazily, the
 first time a kernel runs on a device, under one re-entrant lock per bundle;
@@ -24,7 +30,8 @@ from tilekiln._native import NativeLibrary
 from tilekiln._tensors import Operand, contiguous_strides, describe, is_torch_tensor, transposed
 from tilekiln.compat import arch_runs_on, require_driver, wrong_device
 from tilekiln.errors import BundleError, LaunchError, NoKernelError
-from tilekiln.manifest import Manifest, read_manifest
+from tilekiln.manifest import Manifest, VerifiedBundle, read_bundle
+from tilekiln.signing import require_signature, trust_for
 from tilekiln.spec import KernelRecord
 from tilekiln.problem import GemmProblem, make_problem
 from tilekiln.select import Choice, choose, choose_fused, nominal_clusters
@@ -92,12 +99,20 @@ class Bundle:
     Kernels are selected by ``tuning``: the manifest's build-time table with the
     buckets of the bundle's tuning file (``tuning_file``, written by ``tilekiln tune``;
     tilekiln/tuning/table.py) in place of its own. Making a Bundle reads that file
-    and raises :class:`BundleIntegrityError` if it is damaged."""
+    and raises :class:`BundleIntegrityError` if it is damaged.
+
+    ``verified``: what :func:`tilekiln.manifest.read_bundle` read of the directory, whose
+    library bytes the Bundle opens; a Bundle made without (a test's, from a manifest alone)
+    has no library to open."""
 
     def __init__(self, directory: Path, manifest: Manifest, device_query: DeviceQuery | None = None,
-                 cluster_query: ClusterQuery | None = None):
+                 cluster_query: ClusterQuery | None = None, verified: VerifiedBundle | None = None):
         self.directory = directory
         self.manifest = manifest
+        self._image = verified.library if verified is not None else None  # dropped once opened
+        # What tilekiln.load compares and checks on a later call (tilekiln/discovery.py).
+        self.identity = verified.identity if verified is not None else None
+        self.signature = verified.signature if verified is not None else None
         self.ref = str(directory)  # how the torch operators name this bundle (tilekiln/_torch.py)
         self._device_query = device_query or self._query_device
         if cluster_query is None:
@@ -113,14 +128,19 @@ class Bundle:
         self.reload_tuning()
 
     @classmethod
-    def open(cls, directory: Path, device_query: DeviceQuery | None = None) -> "Bundle":
-        """Verify every file of the bundle in ``directory``, its tuning file if it has one, and that
-        the installed driver can run its CUDA runtime (nothing is opened before that)."""
+    def open(cls, directory: Path, device_query: DeviceQuery | None = None, trusted_keys=None) -> "Bundle":
+        """Verify the bundle in ``directory`` (its files, its signature when ``trusted_keys`` or
+        ``TILEKILN_TRUSTED_KEYS`` require one: tilekiln/signing.py), its tuning file if it has one,
+        and that the installed driver can run its CUDA runtime (nothing is opened before that)."""
         from tilekiln._driver import driver_version
 
-        manifest = read_manifest(directory)
+        verified = read_bundle(directory)
+        manifest = verified.manifest
+        trust = trust_for(trusted_keys)
+        if trust is not None:
+            require_signature(manifest.name, manifest.sha256, verified.signature, trust)
         require_driver(manifest.name, manifest.bundle.driver_requires, driver_version())
-        return cls(directory, manifest, device_query)
+        return cls(directory, manifest, device_query, verified=verified)
 
     def reload_tuning(self) -> None:
         """Read the bundle's tuning file again and select by it from now on; the plans cached so
@@ -161,13 +181,23 @@ class Bundle:
         if self._lib is None:
             with self._lock:
                 if self._lib is None:
-                    lib = NativeLibrary(self.directory / self.manifest.library)
+                    lib = self._open_library()
                     if (lib.kernel_ids() != [k.id for k in self.kernels]
                             or lib.kernel_families() != [k.config.family for k in self.kernels]):
                         raise BundleError(f"bundle {self.name}: the library's kernel table does not match "
                                           "manifest.json; rebuild or reinstall the bundle")
-                    self._lib = lib
+                    self._lib, self._image = lib, None
         return self._lib
+
+    def _open_library(self) -> NativeLibrary:
+        if self._image is None:
+            raise BundleError(f"bundle {self.name}: this Bundle was made from a manifest alone and holds no "
+                              "verified library to open; open the bundle with tilekiln.load")
+        try:
+            return NativeLibrary(self._image, Path(self.manifest.library).name)
+        except _native.LibraryOpenError as exc:
+            raise BundleError(f"bundle {self.name}: {self.manifest.library} cannot be opened ({exc}); if the "
+                              "temporary directory is mounted noexec, set TMPDIR to one that is not") from None
 
     def device(self, ordinal: int) -> DeviceInfo:
         """Device ``ordinal``, checked once against the bundle's target before any kernel is loaded on it."""

@@ -14,8 +14,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from tilekiln.bundle_files import MANIFEST_NAME, SIGNATURE_NAME, current_identity
 from tilekiln.errors import BundleError
-from tilekiln.manifest import MANIFEST_NAME
+from tilekiln.signing import require_signature, trust_for
 
 ENTRY_POINT_GROUP = "tilekiln.bundles"
 PATH_VARIABLE = "TILEKILN_BUNDLE_PATH"
@@ -97,21 +98,42 @@ _cache_lock = threading.Lock()
 _opened: dict[Path, object] = {}
 
 
-def open_bundle(directory: Path):
-    """One Bundle object per directory per process, opened (and verified) on first use.
+def open_bundle(directory: Path, trusted_keys=None):
+    """One Bundle object per directory per process, verified on first use and checked again on
+    every call (docs/security.md).
 
-    A later call resolves the path and reads nothing of the bundle: what changes
-    in a bundle directory later is the tuning table ``tilekiln tune`` writes, and
-    tune has the open Bundle read it (``Bundle.reload_tuning``); a bundle rebuilt
-    in place is seen by the next process.
+    Each call lists the directory (``lstat`` only, nothing is read) and compares it with the
+    identity recorded when its files were verified (tilekiln/bundle_files.py). Unchanged: the
+    same Bundle. Changed (a file modified, replaced, added or removed): the bundle is verified
+    from scratch. Damage raises and the Bundle is forgotten; a bundle that verifies with the
+    same manifest keeps its Bundle; one rebuilt in place gets a new Bundle, while the old
+    object runs on with the library it verified. A signature that ``trusted_keys`` or
+    ``TILEKILN_TRUSTED_KEYS`` require is checked on every call, against the signature file
+    as verified. Calls on a loaded Bundle never look at its files: this function does, so
+    ``tilekiln.load`` costs a directory listing and GEMM calls cost nothing more.
+
+    A tuning file written meanwhile is not looked for: ``tilekiln tune`` has the open Bundle
+    read it (``Bundle.reload_tuning``).
     """
     from tilekiln.bundle import Bundle
 
     key = directory.resolve()
-    bundle = _opened.get(key)
-    if bundle is None:
-        with _cache_lock:
-            bundle = _opened.get(key)
-            if bundle is None:
-                bundle = _opened[key] = Bundle.open(key)
-    return bundle
+    with _cache_lock:
+        cached = _opened.pop(key, None)
+        if cached is not None and _unchanged(key, cached):
+            bundle = _opened[key] = cached
+            trust = trust_for(trusted_keys)
+            if trust is not None:
+                require_signature(bundle.name, bundle.manifest.sha256, bundle.signature, trust)
+            return bundle
+        bundle = Bundle.open(key, trusted_keys=trusted_keys)
+        if cached is not None and cached.manifest.sha256 == bundle.manifest.sha256:
+            cached.identity, cached.signature = bundle.identity, bundle.signature
+            bundle = cached
+        _opened[key] = bundle
+        return bundle
+
+
+def _unchanged(directory: Path, bundle) -> bool:
+    verified = (MANIFEST_NAME, SIGNATURE_NAME, *(relative for relative, _ in bundle.manifest.files))
+    return current_identity(bundle.name, directory, verified) == bundle.identity

@@ -1,11 +1,14 @@
 """Read and verify a bundle's ``manifest.json`` (format: docs/bundle-format.md).
 
-Verification happens before the library is opened: the manifest's own digest
-(``integrity.manifest_sha256``, over its canonical JSON without that field),
-the schema's major version, the runtime ABI version, and the sha256 of every
-listed file. Any mismatch raises :class:`BundleIntegrityError` or
-:class:`BundleCompatibilityError`; nothing is loaded. The builder writes the
-digest with :func:`manifest_digest`, so there is one definition of it.
+Verification happens before the library is opened (:func:`read_bundle`): the
+directory holds nothing but regular files the manifest accounts for
+(tilekiln/bundle_files.py), the schema's major version, the runtime ABI
+version, the manifest's own digest (``integrity.manifest_sha256``, over its
+canonical JSON without that field), its records' types and ranges, and the
+sha256 of every listed file, each read once. Any mismatch raises
+:class:`BundleIntegrityError` or :class:`BundleCompatibilityError`; nothing is
+loaded. The builder writes the digest with :func:`manifest_digest`, so there
+is one definition of it.
 """
 
 from __future__ import annotations
@@ -13,14 +16,17 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from tilekiln._json import load_object
+from tilekiln.bundle_files import (MANIFEST_NAME, SIGNATURE_NAME, UNLISTED, Identity, check_entries, identity,
+                                   open_directory, read_file, scan)
 from tilekiln.errors import BundleCompatibilityError, BundleIntegrityError
-from tilekiln.spec import KernelRecord
+from tilekiln.spec import KernelRecord, plain_int
 
-MANIFEST_NAME = "manifest.json"
 SUPPORTED_SCHEMA_MAJOR = 2
 # The tk_* C API and the plan/call blocks of templates/link/glue.c.j2, which _native packs;
 # the builder stamps it into the library and the manifest. 2: scale_a/scale_b added.
@@ -138,20 +144,27 @@ class Manifest:
         b = data["bundle"]
         files = data["files"]
         for relative in files:
-            if not isinstance(relative, str) or relative.startswith("/") or ".." in relative.split("/"):
-                raise ValueError(f"file {relative!r} lies outside the bundle directory")
+            _check_relative(relative)
         if data["library"] not in files:
             raise ValueError(f"library {data['library']} is not among the hashed files")
+        kernels = tuple(KernelRecord.from_plain(k) for k in data["kernels"])
+        if [k.index for k in kernels] != list(range(len(kernels))):
+            raise ValueError("kernel indexes are not 0, 1, ... in order (the library's kernel table)")
+        floor = b["driver_requires"]
         integrity = data.get("integrity")
         return cls(
             schema_version=str(data["schema_version"]),
             bundle=BundleInfo(
                 name=str(b["name"]), version=str(b["version"]), arch=str(b["arch"]), arch_kind=str(b["arch_kind"]),
-                compute_capability=(int(b["compute_capability"][0]), int(b["compute_capability"][1])),
-                abi_version=int(b["abi_version"]), runtime_requires=str(b["runtime_requires"]),
-                driver_requires=DriverFloor(**b["driver_requires"]), glibc=str(b["glibc"])),
+                compute_capability=(plain_int(b["compute_capability"][0], "bundle.compute_capability"),
+                                    plain_int(b["compute_capability"][1], "bundle.compute_capability")),
+                abi_version=plain_int(b["abi_version"], "bundle.abi_version"),
+                runtime_requires=str(b["runtime_requires"]),
+                driver_requires=DriverFloor(plain_int(floor["cuda_version"], "bundle.driver_requires.cuda_version"),
+                                            str(floor["linux_driver"])),
+                glibc=str(b["glibc"])),
             library=str(data["library"]), files=tuple(sorted((str(k), str(v)) for k, v in files.items())),
-            kernels=tuple(KernelRecord.from_plain(k) for k in data["kernels"]),
+            kernels=kernels,
             toolchain=tuple(sorted((str(k), str(v)) for k, v in data["toolchain"].items())),
             provenance=Provenance(**{**data["provenance"],
                                      "catalog_files": tuple(data["provenance"]["catalog_files"])}),
@@ -170,27 +183,73 @@ def manifest_digest(data: dict) -> str:
     return hashlib.sha256(canonical_json(body)).hexdigest()
 
 
-def read_manifest(directory: Path, verify: bool = True) -> Manifest:
-    """The manifest of the bundle in ``directory``; with ``verify``, every file is checked first."""
+def _check_relative(relative) -> None:
+    """A listed file's path: relative, inside the bundle, spelled one way, not a name kept for
+    the files beside the manifest."""
+    if not isinstance(relative, str) or any(p in ("", ".", "..") or "\0" in p for p in relative.split("/")):
+        raise ValueError(f"file {relative!r} lies outside the bundle directory or is not a plain relative path")
+    if relative in (MANIFEST_NAME, *UNLISTED):
+        raise ValueError(f"file {relative!r} is not one the manifest may list")
+
+
+@dataclass(frozen=True)
+class VerifiedBundle:
+    """What :func:`read_bundle` verified of a bundle directory, held in memory: the library is
+    opened from these bytes (tilekiln/_native.py), never from its path again."""
+
+    manifest: Manifest
+    library: bytes
+    signature: bytes | None  # signature.json as read; tilekiln/signing.py checks it against trusted keys
+    identity: Identity  # the directory as it was read (tilekiln/bundle_files.py)
+
+
+def read_bundle(directory: Path) -> VerifiedBundle:
+    """Verify the bundle in ``directory``: its entries, its manifest, and the sha256 of every
+    listed file, each file read once. Raises :class:`BundleIntegrityError` (or
+    :class:`BundleCompatibilityError` for another format) naming the file at fault."""
     label = directory.name
+    root = open_directory(label, directory)
     try:
-        raw = (directory / MANIFEST_NAME).read_bytes()
-    except FileNotFoundError:
-        raise BundleIntegrityError(label, MANIFEST_NAME, "missing") from None
-    except OSError as exc:
-        raise BundleIntegrityError(label, MANIFEST_NAME, f"unreadable ({exc.strerror})") from None
-    manifest = parse_manifest(raw, label, verify)
+        entries = scan(label, root)
+        raw, manifest_stat = read_file(label, root, MANIFEST_NAME)
+        manifest = parse_manifest(raw, label)
+        check_entries(manifest.name, entries, (relative for relative, _ in manifest.files))
+        stats = {MANIFEST_NAME: manifest_stat}
+        held: dict[str, bytes] = {}
+
+        def read(relative: str) -> bytes:
+            data, stats[relative] = read_file(manifest.name, root, relative)
+            if relative == manifest.library:
+                held[relative] = data
+            return data
+
+        verify_files(manifest, read)
+        signature = None
+        if SIGNATURE_NAME in entries:
+            signature, stats[SIGNATURE_NAME] = read_file(manifest.name, root, SIGNATURE_NAME)
+    finally:
+        os.close(root)
+    return VerifiedBundle(manifest, held[manifest.library], signature, identity(entries, stats))
+
+
+def read_manifest(directory: Path, verify: bool = True) -> Manifest:
+    """The manifest of the bundle in ``directory``; with ``verify``, the whole bundle is verified
+    first (:func:`read_bundle`); without, the manifest alone is read (safely) and parsed."""
     if verify:
-        verify_files(manifest, lambda relative: (directory / relative).read_bytes())
-    return manifest
+        return read_bundle(directory).manifest
+    label = directory.name
+    root = open_directory(label, directory)
+    try:
+        raw, _ = read_file(label, root, MANIFEST_NAME)
+    finally:
+        os.close(root)
+    return parse_manifest(raw, label, verify=False)
 
 
 def parse_manifest(raw: bytes, label: str, verify: bool = True) -> Manifest:
     """Parse manifest bytes: versions first (so a newer format is named as such), then the digest."""
     try:
-        data = json.loads(raw)
-        if not isinstance(data, dict):
-            raise ValueError("not an object")
+        data = load_object(raw)
     except ValueError as exc:
         raise BundleIntegrityError(label, MANIFEST_NAME, f"not valid JSON ({exc})") from None
     _check_versions(label, data)

@@ -611,8 +611,9 @@ class Contract:
     @classmethod
     def from_plain(cls, data: dict[str, Any]) -> Contract:
         sd = data["stride_divisibility"]
-        return cls(int(data["base_alignment_bytes"]), (int(sd["a"]), int(sd["b"]), int(sd["c"])),
-                   int(data["max_extent"]))
+        return cls(plain_int(data["base_alignment_bytes"], "contract.base_alignment_bytes", 1),
+                   tuple(plain_int(sd[t], f"contract.stride_divisibility.{t}", 1) for t in "abc"),
+                   plain_int(data["max_extent"], "contract.max_extent", 1, MAX_EXTENT))
 
 
 # -- families: the kernel's arguments ----------------------------------------------------------
@@ -670,6 +671,15 @@ class Family:
 
 
 MAX_EXTENT = 2**31 - 1  # the plan block's extents are int32 (Family.plan_format)
+
+
+def plain_int(value: Any, what: str, low: int = 0, high: int = MAX_EXTENT) -> int:
+    """An integer field of a record read back from JSON: ``ValueError`` naming ``what`` unless it
+    is an int (not a bool or a float) in [low, high]. The default range is int32's non-negative
+    half, what the library's kernel table, launch blocks and driver queries take."""
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(f"{what} is {str(value)[:40]!r}, not an integer in [{low}, {high}]")
+    return value
 
 FAMILIES: dict[str, Family] = {
     "gemm": Family(
@@ -790,10 +800,20 @@ class KernelRecord:
 
     @classmethod
     def from_plain(cls, data: dict[str, Any]) -> KernelRecord:
+        """The inverse of :meth:`plain`; ``ValueError`` for an integer the runtime passes to the
+        library (index, stages, threads, contract, resources, tile, cluster) that is not an int32."""
+        config = KernelConfig.from_plain(data["config"])
+        for name in ("tile", "cluster"):
+            for value in dataclasses.astuple(getattr(config, name)):
+                plain_int(value, f"config.{name}", 1)
+        resources = dict(data["resources"])
+        for name in ("registers", "smem_bytes", "static_smem_bytes", "stack_bytes", "local_bytes"):
+            resources[name] = plain_int(resources[name], f"resources.{name}")
         return cls(
-            index=int(data["index"]), id=str(data["id"]), config=KernelConfig.from_plain(data["config"]),
-            stages=int(data["stages"]), threads=int(data["threads"]), contract=Contract.from_plain(data["contract"]),
-            resources=Resources(**data["resources"]), cubin=Blob(**data["cubin"]), source=Blob(**data["source"]),
+            index=plain_int(data["index"], "index"), id=str(data["id"]), config=config,
+            stages=plain_int(data["stages"], "stages", 1), threads=plain_int(data["threads"], "threads", 1),
+            contract=Contract.from_plain(data["contract"]),
+            resources=Resources(**resources), cubin=Blob(**data["cubin"]), source=Blob(**data["source"]),
             symbols=Symbols(**data["symbols"]), catalog=CatalogRef(**data["catalog"]),
             template=TemplateRef(**data["template"]),
             verified_on=tuple(Verified(**v) for v in data.get("verified_on", [])))

@@ -383,6 +383,39 @@ def package(root: Path, bundles: tuple[str, ...], out_dir: str, max_size: str | 
                    f"(library needs glibc {wheel.tag.required[0]}.{wheel.tag.required[1]})")
 
 
+@main.command()
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@click.option("--key", "key_file", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="ed25519 private key, PEM (`tilekiln keygen` or `openssl genpkey -algorithm ed25519`)")
+def sign(bundle: str, key_file: str) -> None:
+    """Sign a bundle: write BUNDLE/signature.json, an ed25519 signature of its manifest, which
+    tilekiln.load(..., trusted_keys=...) and TILEKILN_TRUSTED_KEYS check (docs/security.md)."""
+    from builder.package.sign import sign_bundle
+
+    try:
+        path, kid = sign_bundle(Path(bundle), Path(key_file))
+    except DiagnosticError as exc:
+        _report(exc.diagnostics, "text")
+        sys.exit(EXIT_INVALID)
+    click.echo(f"{path}: signed with key {kid}")
+
+
+@main.command()
+@click.option("--out", required=True, type=click.Path(dir_okay=False),
+              help="the private key's file (mode 0600); the public key goes to OUT.pub")
+def keygen(out: str) -> None:
+    """Make an ed25519 signing key for `tilekiln sign`: OUT (private, keep it off the machines that
+    load bundles) and OUT.pub (public, for TILEKILN_TRUSTED_KEYS)."""
+    from builder.package.sign import generate_key
+
+    try:
+        private, public, kid = generate_key(Path(out))
+    except DiagnosticError as exc:
+        _report(exc.diagnostics, "text")
+        sys.exit(EXIT_INVALID)
+    click.echo(f"{private}: private key {kid}\n{public}: its public key")
+
+
 def _open_artifacts(fmt: str, *paths: str) -> list:
     """Each bundle directory or wheel opened; one that cannot be read is reported and exits 1."""
     from builder.package.artifact import open_artifact

@@ -1,9 +1,12 @@
 """Open a built bundle, a bundle directory or a bundle wheel, without installing anything.
 
 :func:`open_artifact` reads the manifest with the runtime's reader
-(``tilekiln/manifest.py``), checks every file against its sha256 and a
-directory's tuning file (``tilekiln/tuning/table.py``; wheels carry none) the
-way ``tilekiln.load`` does, and keeps the outcome as a value instead of raising:
+(``tilekiln/manifest.py``), checks a directory as ``tilekiln.load`` does
+(``read_bundle``: nothing but regular files the manifest accounts for, every
+file against its sha256; tilekiln/bundle_files.py reads them, so a link or a
+FIFO is refused, never followed or waited on) and its tuning file
+(``tilekiln/tuning/table.py``), a wheel's files against their sha256, and
+keeps the outcome as a value instead of raising:
 ``tilekiln inspect`` shows a damaged bundle and says what is wrong with it.
 A wheel is read as a zip; its bundle is the one ``<package>/bundle/manifest.json``.
 """
@@ -11,14 +14,16 @@ A wheel is read as a zip; its bundle is the one ``<package>/bundle/manifest.json
 from __future__ import annotations
 
 import email.parser
+import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
+from tilekiln.bundle_files import open_directory, read_file
 from tilekiln.errors import BundleCompatibilityError, BundleIntegrityError
-from tilekiln.manifest import MANIFEST_NAME, Manifest, TuningTable, parse_manifest, verify_files
+from tilekiln.manifest import MANIFEST_NAME, Manifest, TuningTable, parse_manifest, read_bundle, verify_files
 from tilekiln.tuning.table import overlay, read_tuning_file
 
 
@@ -61,7 +66,7 @@ class Artifact:
 def open_artifact(path: Path) -> Artifact:
     """Raises ``DiagnosticError`` when ``path`` is neither, or its manifest cannot be read at all."""
     if path.is_dir():
-        return _open(path, lambda rel: (path / rel).read_bytes(), None)
+        return _open(path, _reader(path), None)
     if path.is_file() and zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as zf:
             prefix, wheel = _wheel_layout(path, zf)
@@ -75,6 +80,8 @@ def _open(path: Path, read: Callable[[str], bytes], wheel: WheelInfo | None) -> 
         raw = read(MANIFEST_NAME)
     except (FileNotFoundError, KeyError):
         raise _error(path, f"has no {MANIFEST_NAME}", "rebuild or repackage the bundle") from None
+    except BundleIntegrityError as exc:
+        raise _error(path, str(exc), "rebuild or repackage the bundle") from None
     problem = ""
     try:
         try:
@@ -88,7 +95,10 @@ def _open(path: Path, read: Callable[[str], bytes], wheel: WheelInfo | None) -> 
         raise _error(path, str(exc), "inspect it with a tilekiln that reads this format") from None
     if not problem:
         try:
-            verify_files(manifest, read)
+            if wheel is None:
+                read_bundle(path)
+            else:
+                verify_files(manifest, read)
         except BundleIntegrityError as exc:
             problem = str(exc)
     tuning_file = None
@@ -101,9 +111,21 @@ def _open(path: Path, read: Callable[[str], bytes], wheel: WheelInfo | None) -> 
     for relative in [r for r, _ in manifest.files] + [MANIFEST_NAME]:
         try:
             sizes.append((relative, len(read(relative))))
-        except (FileNotFoundError, KeyError):
+        except (FileNotFoundError, KeyError, BundleIntegrityError):
             continue
     return Artifact(path, manifest, tuple(sizes), problem, wheel, tuning_file)
+
+
+def _reader(directory: Path) -> Callable[[str], bytes]:
+    """Read a file of the bundle ``directory`` as the runtime does (tilekiln/bundle_files.py)."""
+    def read(relative: str) -> bytes:
+        root = open_directory(directory.name, directory)
+        try:
+            return read_file(directory.name, root, relative)[0]
+        finally:
+            os.close(root)
+
+    return read
 
 
 def _wheel_layout(path: Path, zf: zipfile.ZipFile) -> tuple[str, WheelInfo]:

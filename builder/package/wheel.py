@@ -3,7 +3,7 @@
 ``tilekiln_kernels_<bundle>-<version>-py3-none-<manylinux tag>.whl`` holds::
 
     tilekiln_kernels_<bundle>/__init__.py      bundle_dir() -> the directory below
-    tilekiln_kernels_<bundle>/bundle/...       manifest.json and every file it hashes
+    tilekiln_kernels_<bundle>/bundle/...       manifest.json, every file it hashes, signature.json if signed
     tilekiln_kernels_<bundle>-<version>.dist-info/{METADATA,WHEEL,entry_points.txt,RECORD}
 
 It registers ``<bundle> = tilekiln_kernels_<bundle>:bundle_dir`` under the
@@ -40,8 +40,10 @@ from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.package.platform_tag import GlibcTarget, PlatformTag, platform_tag
 from tilekiln._files import write_atomic
 from tilekiln.discovery import ENTRY_POINT_GROUP
+from tilekiln.bundle_files import SIGNATURE_NAME
 from tilekiln.errors import BundleError
 from tilekiln.manifest import MANIFEST_NAME, Manifest, read_manifest
+from tilekiln.signing import parse_signature
 
 # The distribution of the runtime (runtime/pyproject.toml); the import name is `tilekiln`,
 # but PyPI's `tilekiln` is an unrelated project, so a bundle must never require that name.
@@ -79,7 +81,7 @@ class Member:
 class SizeRow:
     """What one part of the wheel costs: its files' bytes, and what they take compressed."""
 
-    part: str  # a kernel id, "library", "manifest" or "package metadata"
+    part: str  # a kernel id, "library", "manifest", "signature" or "package metadata"
     raw_bytes: int
     wheel_bytes: int
 
@@ -151,6 +153,9 @@ def make_wheel(bundle_dir: Path) -> Wheel:
     files = [Member(f"{pkg}/bundle/{rel}", (bundle_dir / rel).read_bytes(), executable=rel.endswith(".so"))
              for rel, _ in manifest.files]
     files.append(Member(f"{pkg}/bundle/{MANIFEST_NAME}", (bundle_dir / MANIFEST_NAME).read_bytes()))
+    signature = _signature(bundle_dir, manifest)
+    if signature is not None:
+        files.append(Member(f"{pkg}/bundle/{SIGNATURE_NAME}", signature))
     files.append(Member(f"{pkg}/__init__.py", PACKAGE_INIT.format(
         name=manifest.name, version=manifest.version, arch=manifest.arch, count=len(manifest.kernels),
         group=ENTRY_POINT_GROUP).encode()))
@@ -174,6 +179,23 @@ def _verified_manifest(bundle_dir: Path) -> Manifest:
         return read_manifest(bundle_dir)
     except BundleError as exc:
         raise _error(bundle_dir, str(exc), "rebuild the bundle with `tilekiln build`") from None
+
+
+def _signature(bundle_dir: Path, manifest: Manifest) -> bytes | None:
+    """The bundle's signature file, if it is signed: it must sign this manifest (it is checked
+    against trusted keys where the bundle is loaded, tilekiln/signing.py)."""
+    path = bundle_dir / SIGNATURE_NAME
+    if not path.exists():
+        return None
+    raw = path.read_bytes()
+    try:
+        signed = parse_signature(raw)["manifest_sha256"]
+    except ValueError as exc:
+        raise _error(path, f"malformed ({exc})", "sign the bundle again (tilekiln sign), or delete the file") from None
+    if signed != manifest.sha256:
+        raise _error(path, "signs another manifest: the bundle was rebuilt after it was signed",
+                     "sign the bundle again (tilekiln sign BUNDLE --key KEY)")
+    return raw
 
 
 def _glibc_target(bundle_dir: Path, manifest: Manifest) -> GlibcTarget:
@@ -237,6 +259,7 @@ def _breakdown(m: Manifest, pkg: str, members: list[Member], compressed: dict[st
     owner = {f"{pkg}/bundle/{kernel.source.file}": kernel.id for kernel in m.kernels}
     owner[f"{pkg}/bundle/{m.library}"] = "library"
     owner[f"{pkg}/bundle/{MANIFEST_NAME}"] = "manifest"
+    owner[f"{pkg}/bundle/{SIGNATURE_NAME}"] = "signature"
     raw: dict[str, int] = {}
     packed: dict[str, int] = {}
     for member in members:

@@ -1,8 +1,11 @@
 """A damaged bundle is refused before its library is opened; a bundle for another arch before
-anything is loaded (the small two-kernel bundle, devices simulated)."""
+anything is loaded; the library opened is the one whose bytes were verified, whatever happens to
+its file afterwards (the small two-kernel bundle, devices simulated)."""
 
 from __future__ import annotations
 
+import _ctypes
+import os
 import shutil
 from pathlib import Path
 
@@ -23,6 +26,11 @@ def mapped(path: Path) -> bool:
     return str(path.resolve()) in Path("/proc/self/maps").read_text()
 
 
+def opened_from_memory(lib) -> bool:
+    """Whether ``lib`` (a NativeLibrary) was opened from a sealed memory copy of its bytes."""
+    return os.readlink(lib.path).startswith(f"/memfd:{Path(LIBRARY).name}")
+
+
 def flip_byte(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01
@@ -40,13 +48,54 @@ def bundle_copy(small_build, tmp_path) -> Path:
     return copy
 
 
-def test_an_intact_copy_loads_and_maps_its_library(bundle_copy):
-    """The control for the cases below: ``mapped`` does see an opened library."""
+def test_an_intact_copy_loads_its_library_from_memory_never_from_its_path(bundle_copy):
     bundle = tilekiln.load(bundle_copy)
-    assert not mapped(bundle_copy / LIBRARY)
     assert len(bundle._library().kernel_ids()) == 2
-    assert mapped(bundle_copy / LIBRARY)
+    assert opened_from_memory(bundle._library()) and not mapped(bundle_copy / LIBRARY)
     assert bundle._library().abi_version == bundle.manifest.bundle.abi_version == ABI_VERSION
+
+
+@pytest.mark.parametrize("when", ["after the load", "right after its sha256 was checked"])
+def test_a_library_swapped_after_it_was_verified_is_not_the_one_opened(bundle_copy, tmp_path, monkeypatch, when):
+    """Another shared library (CPython's _ctypes) put in the library's place: were it opened, it would
+    have no tk_* functions; what opens is the verified library, and the next load refuses the swap."""
+    from tilekiln import manifest
+
+    other = tmp_path / "other.so"
+    shutil.copy(_ctypes.__file__, other)
+
+    def swap() -> None:
+        os.replace(shutil.copy(other, tmp_path / "swap.so"), bundle_copy / LIBRARY)
+
+    if when == "after the load":
+        bundle = tilekiln.load(bundle_copy)
+        swap()
+    else:
+        real = manifest.verify_files
+
+        def verify_then_swap(*args):
+            real(*args)
+            swap()
+
+        monkeypatch.setattr(manifest, "verify_files", verify_then_swap)
+        bundle = tilekiln.load(bundle_copy)
+        monkeypatch.undo()
+    assert (bundle_copy / LIBRARY).read_bytes() == other.read_bytes()
+    assert bundle._library().kernel_ids() == [k.id for k in bundle.kernels]
+    assert opened_from_memory(bundle._library()) and not mapped(bundle_copy / LIBRARY)
+    with pytest.raises(BundleIntegrityError) as info:
+        tilekiln.load(bundle_copy)
+    assert info.value.file == LIBRARY
+
+
+def test_without_memfd_the_library_opens_from_a_private_copy_it_then_removes(bundle_copy, monkeypatch):
+    def refuse(*args):
+        raise PermissionError(13, "memfd_create refused (vm.memfd_noexec=2)")
+
+    monkeypatch.setattr(os, "memfd_create", refuse)
+    lib = tilekiln.load(bundle_copy)._library()
+    assert len(lib.kernel_ids()) == 2
+    assert not Path(lib.path).parent.exists() and not mapped(bundle_copy / LIBRARY)
 
 
 @pytest.mark.parametrize("case", ["library byte", "source byte", "manifest byte",

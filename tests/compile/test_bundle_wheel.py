@@ -7,6 +7,7 @@ import base64
 import configparser
 import email.parser
 import hashlib
+import io
 import json
 import os
 import re
@@ -291,3 +292,33 @@ def test_package_refuses_a_damaged_bundle_naming_the_file(small_build, tmp_path)
     assert result.exit_code == 1
     assert "WHEEL-INPUT" in result.output and f"sources/{source.name}: sha256 mismatch" in result.output
     assert not (tmp_path / "dist").exists()
+
+
+def test_a_signed_bundle_s_wheel_carries_its_signature_and_loads_signed(small_build, tmp_path):
+    """The bundle directory a wheel installs (its ``bundle/`` members) verifies against the key
+    the directory was signed with."""
+    from builder.package.sign import generate_key, sign_bundle
+
+    copy = tmp_path / "sm90a"
+    shutil.copytree(small_build.path, copy)
+    private, public, _ = generate_key(tmp_path / "key")
+    sign_bundle(copy, private)
+    wheel = make_wheel(copy)
+    installed = tmp_path / "site-packages"
+    with zipfile.ZipFile(io.BytesIO(wheel.data)) as zf:
+        assert zf.read(f"{PKG}/bundle/signature.json") == (copy / "signature.json").read_bytes()
+        zf.extractall(installed, [n for n in zf.namelist() if n.startswith(f"{PKG}/bundle/")])
+    assert tilekiln.load(installed / PKG / "bundle", trusted_keys=[public]).name == "sm90a"
+
+
+def test_package_refuses_a_signature_of_another_manifest(small_build, tmp_path):
+    from builder.package.sign import generate_key, sign_bundle
+
+    copy = tmp_path / "sm90a"
+    shutil.copytree(small_build.path, copy)
+    sign_bundle(copy, generate_key(tmp_path / "key")[0])
+    record = json.loads((copy / "signature.json").read_text())
+    record["manifest_sha256"] = "0" * 64
+    (copy / "signature.json").write_text(json.dumps(record))
+    result = CliRunner().invoke(main, ["package", str(copy), "--out", str(tmp_path / "dist"), "--max-size", "1GB"])
+    assert result.exit_code == 1 and "WHEEL-INPUT" in result.output and not (tmp_path / "dist").exists()

@@ -48,9 +48,12 @@ def metadata(wheel: Path) -> email.message.Message:
     return email.parser.Parser().parsestr(dist_info(wheel, "METADATA").decode())
 
 
+def requirements_of(wheel: Path) -> list[Requirement]:
+    return [Requirement(r) for r in metadata(wheel).get_all("Requires-Dist") or ()]
+
+
 def requirements(wheel: Path) -> dict[str, Requirement]:
-    reqs = [Requirement(r) for r in metadata(wheel).get_all("Requires-Dist") or ()]
-    return {canonicalize_name(r.name): r for r in reqs}
+    return {canonicalize_name(r.name): r for r in requirements_of(wheel)}
 
 
 def top_level(wheel: Path) -> set[str]:
@@ -79,7 +82,10 @@ def test_runtime_wheel_holds_only_the_tilekiln_package_and_no_command(project_wh
     package = {name for name in members(wheel) if name.startswith("tilekiln/")}
     assert package == {p.relative_to(ROOT).as_posix() for p in (ROOT / "tilekiln").rglob("*.py")}  # subpackages too
     assert dist_info(wheel, "entry_points.txt") is None, "the runtime installs no console script"
-    assert requirements(wheel) == {}, "the runtime needs only the standard library"
+    unconditional = [r for r in requirements_of(wheel) if r.marker is None]
+    assert unconditional == [], "the runtime needs only the standard library"
+    (signatures,) = requirements_of(wheel)  # checking bundle signatures, on request (tilekiln/signing.py)
+    assert signatures.name == "cryptography" and signatures.marker.evaluate({"extra": "signatures"})
 
 
 def test_build_wheel_owns_the_command_and_pins_the_runtime_of_its_release(project_wheels):

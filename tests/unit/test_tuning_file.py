@@ -134,19 +134,26 @@ def test_the_tuning_files_buckets_win_over_the_build_time_table(tmp_path):
     assert dict(again.measurements)[file_only] == {"flops": 2 * 8192**3, "candidates": {"k_square": 9.0}}
 
 
-def test_an_open_bundle_reads_nothing_per_call_and_follows_a_new_table_when_told(tmp_path, monkeypatch):
+def test_an_open_bundle_reads_no_file_on_load_and_follows_a_new_table_when_told(tmp_path, monkeypatch):
+    """A later load lists the directory (tilekiln/discovery.py) but opens no file of it; a new
+    tuning file is no change to the bundle it checks."""
     directory = write_bundle(tmp_path / "sm90a", KERNELS)
     first = discovery.open_bundle(directory)
     assert first.tuning is None
 
-    touched = []
-    for name in ("stat", "lstat"):
-        real = getattr(os, name)
-        monkeypatch.setattr(os, name, lambda p, *a, _real=real, **k: touched.append(str(p)) or _real(p, *a, **k))
+    files_opened = []
+    real_open = os.open
+
+    def recording_open(path, flags, *args, **kwargs):
+        if not flags & os.O_DIRECTORY:
+            files_opened.append(path)
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", recording_open)
     monkeypatch.setattr(Bundle, "open", classmethod(lambda cls, *a, **k: pytest.fail("opened again")))
     for _ in range(3):
         assert discovery.open_bundle(directory) is first
-    assert not [p for p in touched if p.startswith(f"{directory}{os.sep}")]  # the manifest above all
+    assert files_opened == []  # the manifest above all
 
     # A table written meanwhile is not looked for on a call, only on reload_tuning,
     # which also drops the plans chosen under the old table.

@@ -31,14 +31,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import warnings
 from pathlib import Path
 
 from tilekiln._files import write_atomic
+from tilekiln._json import load_object
+from tilekiln.bundle_files import TUNING_NAME, open_directory, read_file
 from tilekiln.errors import BundleIntegrityError, TuningFileWarning
 from tilekiln.manifest import Manifest, TuningTable, canonical_json
 
-TUNING_NAME = "tuning.json"
 SCHEMA_VERSION = "1.0"
 # Candidate times are kept in ms to 10 ns: at 0.1 us, every kernel of a 30 us
 # bf16 2048^3 tune read 30.0 or 30.1, too coarse to rank them.
@@ -66,16 +68,15 @@ def read_tuning_file(directory: Path, manifest: Manifest) -> TuningTable | None:
     """The table of the tuning file in ``directory`` for the bundle of ``manifest``; None when
     there is none, or when it is another build's or format's (with a TuningFileWarning)."""
     path = directory / TUNING_NAME
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return None
-    except OSError as exc:
-        raise BundleIntegrityError(manifest.name, TUNING_NAME, f"unreadable ({exc.strerror})", _FIX) from None
+    root = open_directory(manifest.name, directory)
     try:
-        data = json.loads(raw)
-        if not isinstance(data, dict):
-            raise ValueError("not an object")
+        raw, _ = read_file(manifest.name, root, TUNING_NAME, _FIX)  # a link or a FIFO is refused, unread
+    finally:
+        os.close(root)
+    try:
+        data = load_object(raw)
     except ValueError as exc:
         raise BundleIntegrityError(manifest.name, TUNING_NAME, f"not valid JSON ({exc})", _FIX) from None
     # The schema first, as for the manifest: another format may digest differently.
