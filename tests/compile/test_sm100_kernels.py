@@ -9,7 +9,8 @@ Per kernel, read from the plan the validator derived:
 * the MMA kind: UTCHMMA for 16-bit operands, UTCQMMA for 8-bit ones, no other;
   every MMA in its ``.2CTA`` form exactly when the kernel pairs CTAs;
 * the MMA K width: one K slice of ``cta_k_bytes`` is ``k_blocks`` instructions
-  of the pipeline's ``mma_k_bytes`` (the mainloop is unrolled once per slice);
+  of the pipeline's ``mma_k_bytes`` (the mainloop is unrolled once per slice),
+  so the sm107 pipeline's fp8 kernels issue half as many UTCQMMAs per slice;
 * TMA loads and stores, no local memory, the shared memory the validator
   modelled, and the exact target the cubin was assembled for.
 """
@@ -28,7 +29,8 @@ from tests.fixture_catalogs import make_project
 
 pytestmark = pytest.mark.compile
 
-# (target, catalog item): each kernel is built for one target only.
+# (target, catalog item): each kernel is built for one target only; the sm107 pipeline's
+# fp8 kernels issue SM 10.7's 64-byte-K MMA, two per 128-byte K slice.
 KERNELS = {
     "gemm_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c1x1": (
         "sm_100a", "tile: [128, 256, 64]\n    cluster: [1, 1]"),
@@ -44,15 +46,23 @@ KERNELS = {
     "gemm_sm100_e4m3_e4m3_f32_bf16_nn_128x32x128_c2x1_swapab": (
         "sm_100a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    layout: nn\n    tile: [128, 32, 128]\n"
                    "    cluster: [2, 1]\n    swap_ab: true"),
+    "gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1": (
+        "sm_107a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    tile: [128, 256, 128]\n    cluster: [1, 1]"),
+    "gemm_sm107_e4m3_e5m2_f32_bf16_nt_128x256x128_c2x1_2cta": (
+        "sm_107a", "dtypes: {a: e4m3, b: e5m2, acc: f32, c: bf16}\n    layout: nt\n    tile: [128, 256, 128]\n"
+                   "    cluster: [2, 1]\n    cta_group: 2"),
 }
 
-CATALOG = """pipeline: sm100
-targets: [sm_100a]
+
+def catalog(pipeline: str) -> str:
+    return f"""pipeline: {pipeline}
+targets: [sm_107a]
 defaults:
-  dtypes: {a: bf16, b: bf16, acc: f32, c: bf16}
+  dtypes: {{a: bf16, b: bf16, acc: f32, c: bf16}}
   layout: tn
 kernels:
-""" + "".join(f"  - {fields}\n    targets: [{arch}]\n" for arch, fields in KERNELS.values())
+""" + "".join(f"  - {fields}\n    targets: [{arch}]\n" for kid, (arch, fields) in KERNELS.items()
+              if kid.split("_")[1] == pipeline)
 
 MMA_BY_BITS = {16: "UTCHMMA", 8: "UTCQMMA"}
 MMA_OPCODES = ("UTCHMMA", "UTCQMMA", "UTCOMMA", "UTCIMMA")
@@ -61,9 +71,11 @@ MMA_OPCODES = ("UTCHMMA", "UTCQMMA", "UTCOMMA", "UTCIMMA")
 @pytest.fixture(scope="module")
 def sm100_build(tmp_path_factory):
     base = tmp_path_factory.mktemp("sm100")
-    catalog = base / "sm100.yaml"
-    catalog.write_text(CATALOG)
-    project = make_project(base / "project", [catalog])
+    files = []
+    for pipeline in ("sm100", "sm107"):
+        files.append(base / f"{pipeline}.yaml")
+        files[-1].write_text(catalog(pipeline))
+    project = make_project(base / "project", files)
     result = build(BuildRequest(root=project, out_dir=base / "artifacts", cache_dir=base / "cache",
                                 executor=LocalExecutor(2), progress="none"))
     assert result.ok, [r.error for b in result.bundles for r in b.failed]
@@ -92,6 +104,15 @@ def test_kernel_compiles_to_the_mma_its_plan_names(sm100_build, kernel_id):
     (kernel,) = [k for k in manifest["kernels"] if k["id"] == kernel_id]
     assert kernel["resources"]["smem_bytes"] == plan.smem.total <= plan.smem_budget
     assert kernel["config"]["cta_group"] == cfg.cta_group and kernel["verification"] == "compile-verified"
+
+
+def test_rubin_fp8_kernels_issue_the_64_byte_k_mma(sm100_build):
+    """Two UTCQMMAs per 128-byte K slice where the sm100 pipeline issues four: the K width the
+    sm107 facts give (mma_k_bytes 64), which exists only on SM 10.7."""
+    _, k64 = sm100_build["gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1"]
+    _, k32 = sm100_build["gemm_sm100_e4m3_e5m2_f32_bf16_tn_128x256x128_c2x1_2cta"]
+    assert (k64.ctx.plan.mma_k_bytes, k32.ctx.plan.mma_k_bytes) == (64, 32)
+    assert (k64.info.count("UTCQMMA"), k32.info.count("UTCQMMA")) == (2, 4)
 
 
 def test_the_epilogue_computes_its_activation(sm100_build):
