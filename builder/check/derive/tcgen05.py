@@ -150,7 +150,8 @@ def plan_tcgen05(config: KernelConfig, facts: PipelineFacts, p: Tcgen05Parameter
     stages = config.stages if config.stages is not None else fitting
     return Tcgen05Plan(
         has_template=p is not None, cta_group=group, b_rows=t.n // group, mma_m=t.m * group, mma_n=t.n,
-        mma_k_bytes=mma_k, mma_k=mma_k * 8 // d.a.bits, cta_k_bytes=k_bytes, k_blocks=k_bytes // mma_k if k_bytes % mma_k == 0 else 0,
+        mma_k_bytes=mma_k, mma_k=mma_k * 8 // d.a.bits, cta_k_bytes=k_bytes,
+        k_blocks=k_bytes // mma_k if k_bytes % mma_k == 0 else 0,
         threads=p.threads if p is not None else None,
         epi_m=epi_m, epi_n=epi_n, epi_stages=p.epilogue_stages if p is not None else 0,
         acc_stages=acc_stages, tmem_acc_columns=acc_columns,

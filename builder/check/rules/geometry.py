@@ -83,8 +83,8 @@ def check_tile_n(ctx: KernelContext) -> Iterator[Diagnostic]:
         if step and tn % step:
             yield ctx.diag("MMA-TILE-N", "tile", f"tile N {tn}: an N-major 8-bit B ({b.value}) needs MMA N in "
                            f"steps of {step} with cta_group {cfg.cta_group} (mma_n_step_mn_major_8bit)",
-                           f"use a multiple of {step}, or the MMA's B K-major (layout {'tn/tt' if cfg.swap_ab else 'tn/nn'})",
-                           tile_n=tn, mma_n_step=step)
+                           f"use a multiple of {step}, or the MMA's B K-major "
+                           f"(layout {'tn/tt' if cfg.swap_ab else 'tn/nn'})", tile_n=tn, mma_n_step=step)
 
 
 @rule("MMA-TILE-K", "the CTA tile K is a whole number of MMA instruction K widths")
