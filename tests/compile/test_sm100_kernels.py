@@ -23,63 +23,17 @@ import re
 import pytest
 
 from builder.compile.cubin import compiled_for, disassemble
-from builder.compile.parallel import LocalExecutor
-from builder.pipeline.build import BuildRequest, build
-from tests.fixture_catalogs import make_project
+from tests.compile.conftest import TCGEN05_KERNELS as KERNELS
 
 pytestmark = pytest.mark.compile
-
-# (target, catalog item): each kernel is built for one target only; the sm107 pipeline's
-# fp8 kernels issue SM 10.7's 64-byte-K MMA, two per 128-byte K slice.
-KERNELS = {
-    "gemm_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c1x1": (
-        "sm_100a", "tile: [128, 256, 64]\n    cluster: [1, 1]"),
-    "gemm_sm100_bf16_bf16_f32_bf16_nt_128x256x64_c2x1_2cta_silu": (
-        "sm_100f", "layout: nt\n    tile: [128, 256, 64]\n    cluster: [2, 1]\n    cta_group: 2\n"
-                   "    activation: silu"),
-    "gemm_sm100_e4m3_e5m2_f32_bf16_tn_128x256x128_c2x1_2cta": (
-        "sm_103a", "dtypes: {a: e4m3, b: e5m2, acc: f32, c: bf16}\n    tile: [128, 256, 128]\n"
-                   "    cluster: [2, 1]\n    cta_group: 2"),
-    "gemm_sm100_f16_f16_f32_f16_tt_64x128x64_c1x1": (
-        "sm_107a", "dtypes: {a: f16, b: f16, acc: f32, c: f16}\n    layout: tt\n    tile: [64, 128, 64]\n"
-                   "    cluster: [1, 1]"),
-    "gemm_sm100_e4m3_e4m3_f32_bf16_nn_128x32x128_c2x1_swapab": (
-        "sm_100a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    layout: nn\n    tile: [128, 32, 128]\n"
-                   "    cluster: [2, 1]\n    swap_ab: true"),
-    "gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1": (
-        "sm_107a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    tile: [128, 256, 128]\n    cluster: [1, 1]"),
-    "gemm_sm107_e4m3_e5m2_f32_bf16_nt_128x256x128_c2x1_2cta": (
-        "sm_107a", "dtypes: {a: e4m3, b: e5m2, acc: f32, c: bf16}\n    layout: nt\n    tile: [128, 256, 128]\n"
-                   "    cluster: [2, 1]\n    cta_group: 2"),
-}
-
-
-def catalog(pipeline: str) -> str:
-    return f"""pipeline: {pipeline}
-targets: [sm_107a]
-defaults:
-  dtypes: {{a: bf16, b: bf16, acc: f32, c: bf16}}
-  layout: tn
-kernels:
-""" + "".join(f"  - {fields}\n    targets: [{arch}]\n" for kid, (arch, fields) in KERNELS.items()
-              if kid.split("_")[1] == pipeline)
 
 MMA_BY_BITS = {16: "UTCHMMA", 8: "UTCQMMA"}
 MMA_OPCODES = ("UTCHMMA", "UTCQMMA", "UTCOMMA", "UTCIMMA")
 
 
 @pytest.fixture(scope="module")
-def sm100_build(tmp_path_factory):
-    base = tmp_path_factory.mktemp("sm100")
-    files = []
-    for pipeline in ("sm100", "sm107"):
-        files.append(base / f"{pipeline}.yaml")
-        files[-1].write_text(catalog(pipeline))
-    project = make_project(base / "project", files)
-    result = build(BuildRequest(root=project, out_dir=base / "artifacts", cache_dir=base / "cache",
-                                executor=LocalExecutor(2), progress="none"))
-    assert result.ok, [r.error for b in result.bundles for r in b.failed]
-    return {r.kernel_id: (b, r) for b in result.bundles for r in b.records}
+def sm100_build(tcgen05_build):
+    return {r.kernel_id: (b, r) for b in tcgen05_build.bundles for r in b.records}
 
 
 def mma_instructions(sass: str) -> list[str]:
