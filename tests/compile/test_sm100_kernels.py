@@ -12,7 +12,9 @@ Per kernel, read from the plan the validator derived:
   of the pipeline's ``mma_k_bytes`` (the mainloop is unrolled once per slice),
   so the sm107 pipeline's fp8 kernels issue half as many UTCQMMAs per slice;
 * TMA loads and stores, no local memory, the shared memory the validator
-  modelled, and the exact target the cubin was assembled for.
+  modelled (static part included) within its budget, registers within the
+  pipeline's facts (per thread, and for the CTA's threads on one SM), and the
+  exact target the cubin was assembled for.
 """
 
 from __future__ import annotations
@@ -53,7 +55,11 @@ def test_kernel_compiles_to_the_mma_its_plan_names(sm100_build, kernel_id):
     forms = set(mma_instructions(disassemble(record.cubin)))
     assert forms == {f"{mma}.2CTA" if plan.cta_group == 2 else mma}
     assert record.info.count("UTMALDG") > 0 and record.info.count("UTMASTG") > 0
-    assert not record.info.spills and record.info.local_bytes == 0
+    assert not record.info.spills and record.info.local_bytes == 0 and record.info.stack_bytes == 0
+    facts = record.ctx.facts
+    assert record.info.registers <= facts.require("max_registers_per_thread")
+    assert record.info.registers * plan.threads <= facts.require("registers_per_sm")
+    assert record.info.static_smem_bytes == plan.smem.static_bytes
     manifest = json.loads((bundle.path / "manifest.json").read_text())
     (kernel,) = [k for k in manifest["kernels"] if k["id"] == kernel_id]
     assert kernel["resources"]["smem_bytes"] == plan.smem.total <= plan.smem_budget
