@@ -1,8 +1,8 @@
 """What ``tilekiln inspect`` and ``tilekiln diff`` report about bundles and bundle wheels.
 
 ``inspect``: the kernels (id, dtypes, layout, tile, cluster, registers,
-shared memory, cubin size, verification status), the integrity check and the
-provenance. ``diff``: kernels added, removed and changed (every manifest
+shared memory, cubin size, the matrix instructions of the SASS census, verification
+status; in JSON the whole census), the integrity check and the provenance. ``diff``: kernels added, removed and changed (every manifest
 field that differs, apart from its position and symbol names), bundle-level
 changes (version, toolchain, provenance, tuning table) and the size delta. Each has a JSON
 form (``--format json``) and a text form printed with rich. The tuning table is the one the
@@ -42,7 +42,7 @@ def inspect_json(a: Artifact) -> dict:
         "kernels": [{
             "id": k.id, "config": k.config.plain(), "stages": k.stages, "registers": k.resources.registers,
             "smem_bytes": k.resources.smem_bytes, "spills": k.resources.spills, "cubin_bytes": k.cubin.bytes,
-            "verification": k.verification_label, "verified_on": plain_k["verified_on"],
+            "sass": k.resources.sass, "verification": k.verification_label, "verified_on": plain_k["verified_on"],
             "catalog": plain_k["catalog"], "template": plain_k["template"],
         } for k, plain_k in zip(m.kernels, plain["kernels"])],
         "provenance": {**plain["provenance"], "toolchain": plain["toolchain"]},
@@ -70,14 +70,14 @@ def print_inspect(a: Artifact, console: Console) -> None:
     console.print(f"integrity: FAILED: {a.problem}" if a.problem else
                   f"integrity: ok ({len(m.files)} files match the sha256 in {MANIFEST_NAME}, and the manifest its own)")
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    for col in ("kernel", "dtypes a,b,acc,c", "layout", "tile", "cluster", "regs", "smem B", "cubin B",
+    for col in ("kernel", "dtypes a,b,acc,c", "layout", "tile", "cluster", "regs", "smem B", "cubin B", "mma",
                 "verification"):
         table.add_column(col, justify="right" if col in ("regs", "smem B", "cubin B") else "left")
     for k in m.kernels:
         c = k.config
         table.add_row(k.id, ",".join(c.dtypes.tokens), c.layout.code, f"{c.tile.m}x{c.tile.n}x{c.tile.k}",
                       f"{c.cluster.m}x{c.cluster.n}", str(k.resources.registers), str(k.resources.smem_bytes),
-                      str(k.cubin.bytes), k.verification_label)
+                      str(k.cubin.bytes), _mma(k.resources.sass), k.verification_label)
     _print_table(console, table)
     prov = m.provenance
     console.print("provenance")
@@ -97,6 +97,11 @@ def print_inspect(a: Artifact, console: Console) -> None:
                   f"{_bytes(a.size_of(m.library) or 0)}, which holds the "
                   f"{_bytes(sum(k.cubin.bytes for k in m.kernels))} of cubins)"
                   + (f"; wheel {_bytes(a.wheel.archive_bytes)}" if a.wheel else ""))
+
+
+def _mma(sass: dict[str, int]) -> str:
+    """The matrix instructions of a SASS census and their counts, e.g. ``UTCQMMA 2``."""
+    return ", ".join(f"{op} {n}" for op, n in sass.items() if op.endswith("MMA") and n) or "none"
 
 
 def _kind(kind: str) -> str:

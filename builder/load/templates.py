@@ -71,6 +71,8 @@ class Sm90Parameters(YamlModel):
     pingpong_consumer_warpgroups: StrictPositiveInt = Field(description="consumer warpgroups of a ping-pong kernel")
     max_pingpong_row_blocks: StrictPositiveInt = Field(
         description="most warpgroup-MMA row blocks in a ping-pong tile (its epilogue walks one block at a time)")
+    programmatic_launch: StrictBool = Field(
+        description="the generated launch allows programmatic stream serialization (PDL)")
 
     @model_validator(mode="after")
     def _every_consumer_count_has_a_split(self) -> Sm90Parameters:
@@ -93,6 +95,8 @@ class Tcgen05Parameters(YamlModel):
     static_smem_bytes: StrictInt
     max_stages: StrictPositiveInt
     oversized_smem_launch: StrictBool = Field(description="the generated launch requests the oversized carveout")
+    programmatic_launch: StrictBool = Field(
+        description="the generated launch allows programmatic stream serialization (PDL)")
 
 
 TemplateParameters = Annotated[Sm90Parameters | Tcgen05Parameters, Field(discriminator="kind")]

@@ -1,4 +1,5 @@
-"""A two-kernel catalog built once per session (deviceless compile on the CPU)."""
+"""The catalogs the compile tests build once per session (deviceless compile on the CPU): a
+two-kernel sm90 catalog, and the tcgen05 kernels of the census and launch tests."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from builder.compile.parallel import LocalExecutor
 from builder.pipeline.build import BuildRequest, build
+from tests.fixture_catalogs import make_project as fixture_project
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,6 +44,43 @@ def run_build(project: Path, out: Path, cache: Path, jobs: int = 1, **kwargs):
                               progress="none", **kwargs))
 
 
+# The tcgen05 kernels the census and launch tests build: (target, catalog item), each kernel
+# for one target only, covering every form of the default bundles (bf16/f16 and fp8, each
+# layout letter, 1-CTA and 2-CTA, swap_ab, an activation, the sm107 pipeline's 64-byte K).
+TCGEN05_KERNELS = {
+    "gemm_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c1x1": (
+        "sm_100a", "tile: [128, 256, 64]\n    cluster: [1, 1]"),
+    "gemm_sm100_bf16_bf16_f32_bf16_nt_128x256x64_c2x1_2cta_silu": (
+        "sm_100f", "layout: nt\n    tile: [128, 256, 64]\n    cluster: [2, 1]\n    cta_group: 2\n"
+                   "    activation: silu"),
+    "gemm_sm100_e4m3_e5m2_f32_bf16_tn_128x256x128_c2x1_2cta": (
+        "sm_103a", "dtypes: {a: e4m3, b: e5m2, acc: f32, c: bf16}\n    tile: [128, 256, 128]\n"
+                   "    cluster: [2, 1]\n    cta_group: 2"),
+    "gemm_sm100_f16_f16_f32_f16_tt_64x128x64_c1x1": (
+        "sm_107a", "dtypes: {a: f16, b: f16, acc: f32, c: f16}\n    layout: tt\n    tile: [64, 128, 64]\n"
+                   "    cluster: [1, 1]"),
+    "gemm_sm100_e4m3_e4m3_f32_bf16_nn_128x32x128_c2x1_swapab": (
+        "sm_100a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    layout: nn\n    tile: [128, 32, 128]\n"
+                   "    cluster: [2, 1]\n    swap_ab: true"),
+    "gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1": (
+        "sm_107a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    tile: [128, 256, 128]\n    cluster: [1, 1]"),
+    "gemm_sm107_e4m3_e5m2_f32_bf16_nt_128x256x128_c2x1_2cta": (
+        "sm_107a", "dtypes: {a: e4m3, b: e5m2, acc: f32, c: bf16}\n    layout: nt\n    tile: [128, 256, 128]\n"
+                   "    cluster: [2, 1]\n    cta_group: 2"),
+}
+
+
+def tcgen05_catalog(pipeline: str) -> str:
+    return f"""pipeline: {pipeline}
+targets: [sm_107a]
+defaults:
+  dtypes: {{a: bf16, b: bf16, acc: f32, c: bf16}}
+  layout: tn
+kernels:
+""" + "".join(f"  - {fields}\n    targets: [{arch}]\n" for kid, (arch, fields) in TCGEN05_KERNELS.items()
+              if kid.split("_")[1] == pipeline)
+
+
 @pytest.fixture(scope="session")
 def small_build(tmp_path_factory):
     base = tmp_path_factory.mktemp("small")
@@ -49,6 +88,20 @@ def small_build(tmp_path_factory):
     result = run_build(project, base / "artifacts", base / "cache")
     assert result.ok, [r.error for b in result.bundles for r in b.failed]
     return result.bundles[0]
+
+
+@pytest.fixture(scope="session")
+def tcgen05_build(tmp_path_factory):
+    """TCGEN05_KERNELS built into the sm100a, sm100f, sm103a and sm107a bundles."""
+    base = tmp_path_factory.mktemp("tcgen05")
+    files = []
+    for pipeline in ("sm100", "sm107"):
+        files.append(base / f"{pipeline}.yaml")
+        files[-1].write_text(tcgen05_catalog(pipeline))
+    project = fixture_project(base / "project", files)
+    result = run_build(project, base / "artifacts", base / "cache", jobs=2)
+    assert result.ok, [r.error for b in result.bundles for r in b.failed]
+    return result
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,7 @@ def test_inspect_lists_kernels_integrity_and_provenance(small_build, wheel, form
     for k in report["kernels"]:
         assert k["cubin_bytes"] == len(cubins[k["id"]])
         assert k["config"]["tile"] and k["config"]["cluster"] and k["registers"] > 0 and k["verification"] == "compile-verified"
+        assert k["sass"] == next(mk["resources"]["sass"] for mk in m["kernels"] if mk["id"] == k["id"])
     assert report["provenance"]["git_commit"] == m["provenance"]["git_commit"]
     assert report["size"]["total_bytes"] == bundle_bytes(small_build.path)
     if form == "wheel":
@@ -216,6 +217,7 @@ def test_inspect_lists_kernels_integrity_and_provenance(small_build, wheel, form
     for k in m["kernels"]:
         row = next(line for line in text.output.splitlines() if line.startswith(k["id"] + " "))
         assert "x".join(map(str, k["config"]["tile"])) in row and str(k["resources"]["registers"]) in row
+        assert f"HGMMA {k['resources']['sass']['HGMMA']}" in row
 
 
 def test_inspect_reports_a_damaged_bundle_and_fails(small_build, tmp_path):

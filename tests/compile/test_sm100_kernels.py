@@ -1,67 +1,92 @@
-"""The tcgen05 template compiles for every Blackwell-family target and links into bundles.
+"""The tcgen05 template compiles for every Blackwell-family target into what its plan says.
 
-One default-catalog kernel per target (1-CTA and 2-CTA, bf16 and f16), built
-deviceless through the normal build: the cubin must hold tcgen05 MMAs
-(UTCHMMA), spill nothing, be assembled for exactly the requested target (an
-``f`` target included), and use the shared memory the validator modelled.
+A small catalog covering each form the default bundles hold (bf16/f16 and fp8,
+every layout letter, 1-CTA and 2-CTA, swapped operands, an activation) is built
+deviceless through the normal build, each kernel for one target. No Blackwell
+or Rubin part has run these kernels: this SASS census is what verifies them.
+Per kernel, read from the plan the validator derived:
+
+* the MMA kind: UTCHMMA for 16-bit operands, UTCQMMA for 8-bit ones, no other;
+  every MMA in its ``.2CTA`` form exactly when the kernel pairs CTAs;
+* the MMA K width: one K slice of ``cta_k_bytes`` is ``k_blocks`` instructions
+  of the pipeline's ``mma_k_bytes`` (the mainloop is unrolled once per slice),
+  so the sm107 pipeline's fp8 kernels issue half as many UTCQMMAs per slice;
+* TMA loads and stores, no local memory, the shared memory the validator
+  modelled (static part included) within its budget, registers within the
+  pipeline's facts (per thread, and for the CTA's threads on one SM), and the
+  exact target the cubin was assembled for.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
-from builder.compile.cubin import compiled_for
-from builder.compile.parallel import LocalExecutor
-from builder.pipeline.build import BuildRequest, build
-from tests.fixture_catalogs import make_project
+from builder.compile.cubin import compiled_for, disassemble
+from tests.compile.conftest import TCGEN05_KERNELS as KERNELS
 
 pytestmark = pytest.mark.compile
 
-PER_TARGET = {
-    "sm_100a": ("gemm_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c1x1", "tile: [128, 256, 64]\n    cluster: [1, 1]"),
-    "sm_100f": ("gemm_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_2cta",
-                "tile: [128, 256, 64]\n    cluster: [2, 1]\n    cta_group: 2"),
-    "sm_103a": ("gemm_sm100_f16_f16_f32_f16_tn_128x256x64_c2x1_2cta",
-                "dtypes: {a: f16, b: f16, acc: f32, c: f16}\n    tile: [128, 256, 64]\n    cluster: [2, 1]\n"
-                "    cta_group: 2"),
-    "sm_107a": ("gemm_sm100_bf16_bf16_f32_bf16_tn_64x128x64_c1x1", "tile: [64, 128, 64]\n    cluster: [1, 1]"),
-}
-
-CATALOG = """pipeline: sm100
-targets: [sm_100a]
-defaults:
-  dtypes: {a: bf16, b: bf16, acc: f32, c: bf16}
-  layout: tn
-kernels:
-""" + "".join(f"  - {fields}\n    targets: [{arch}]\n" for arch, (_, fields) in PER_TARGET.items())
+MMA_BY_BITS = {16: "UTCHMMA", 8: "UTCQMMA"}
+MMA_OPCODES = ("UTCHMMA", "UTCQMMA", "UTCOMMA", "UTCIMMA")
 
 
 @pytest.fixture(scope="module")
-def sm100_build(tmp_path_factory):
-    base = tmp_path_factory.mktemp("sm100")
-    catalog = base / "sm100.yaml"
-    catalog.write_text(CATALOG)
-    project = make_project(base / "project", [catalog])
-    result = build(BuildRequest(root=project, out_dir=base / "artifacts", cache_dir=base / "cache",
-                                executor=LocalExecutor(2), progress="none"))
-    assert result.ok, [r.error for b in result.bundles for r in b.failed]
-    return {b.arch: b for b in result.bundles}
+def sm100_build(tcgen05_build):
+    return {r.kernel_id: (b, r) for b in tcgen05_build.bundles for r in b.records}
 
 
-@pytest.mark.parametrize("arch", sorted(PER_TARGET))
-def test_kernel_compiles_to_tcgen05_for_its_target(sm100_build, arch):
-    kernel_id, _ = PER_TARGET[arch]
-    bundle = sm100_build[arch]
-    (record,) = bundle.records
-    assert record.kernel_id == kernel_id and record.status == "compiled"
-    assert record.info.count("UTCHMMA") > 0, dict(record.info.census)
+def mma_instructions(sass: str) -> list[str]:
+    """The tcgen05 MMA instructions of a disassembly, with their modifiers (``UTCQMMA.2CTA``)."""
+    return re.findall(r"\b(UTC[A-Z]MMA(?:\.[A-Z0-9_]+)*)\b", sass)
+
+
+@pytest.mark.parametrize("kernel_id", sorted(KERNELS))
+def test_kernel_compiles_to_the_mma_its_plan_names(sm100_build, kernel_id):
+    bundle, record = sm100_build[kernel_id]
+    arch = KERNELS[kernel_id][0]
+    cfg, plan = record.ctx.entry.config, record.ctx.plan
+    assert record.status == "compiled" and bundle.arch == arch and compiled_for(record.cubin) == arch
+    mma = MMA_BY_BITS[cfg.mma_dtypes.a.bits]
+    assert record.info.count(mma) == plan.k_blocks == plan.cta_k_bytes // plan.mma_k_bytes, dict(record.info.census)
+    assert all(record.info.count(op) == 0 for op in MMA_OPCODES if op != mma)
+    forms = set(mma_instructions(disassemble(record.cubin)))
+    assert forms == {f"{mma}.2CTA" if plan.cta_group == 2 else mma}
     assert record.info.count("UTMALDG") > 0 and record.info.count("UTMASTG") > 0
-    assert not record.info.spills and record.info.local_bytes == 0
-    assert compiled_for(record.cubin) == arch
+    assert not record.info.spills and record.info.local_bytes == 0 and record.info.stack_bytes == 0
+    facts = record.ctx.facts
+    assert record.info.registers <= facts.require("max_registers_per_thread")
+    assert record.info.registers * plan.threads <= facts.require("registers_per_sm")
+    assert record.info.static_smem_bytes == plan.smem.static_bytes
     manifest = json.loads((bundle.path / "manifest.json").read_text())
-    assert manifest["bundle"]["arch"] == arch
-    (kernel,) = manifest["kernels"]
-    assert kernel["resources"]["smem_bytes"] == record.ctx.plan.smem.total
-    assert kernel["config"]["cta_group"] == record.ctx.entry.config.cta_group
+    (kernel,) = [k for k in manifest["kernels"] if k["id"] == kernel_id]
+    assert kernel["resources"]["smem_bytes"] == plan.smem.total <= plan.smem_budget
+    assert kernel["config"]["cta_group"] == cfg.cta_group and kernel["verification"] == "compile-verified"
+
+
+def test_rubin_fp8_kernels_issue_the_64_byte_k_mma(sm100_build):
+    """Two UTCQMMAs per 128-byte K slice where the sm100 pipeline issues four: the K width the
+    sm107 facts give (mma_k_bytes 64), which exists only on SM 10.7."""
+    _, k64 = sm100_build["gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1"]
+    _, k32 = sm100_build["gemm_sm100_e4m3_e5m2_f32_bf16_tn_128x256x128_c2x1_2cta"]
+    assert (k64.ctx.plan.mma_k_bytes, k32.ctx.plan.mma_k_bytes) == (64, 32)
+    assert (k64.info.count("UTCQMMA"), k32.info.count("UTCQMMA")) == (2, 4)
+
+
+def test_the_epilogue_computes_its_activation(sm100_build):
+    """silu's exponential is the only MUFU.EX2 of the kernels; the plain one has none."""
+    _, silu = sm100_build["gemm_sm100_bf16_bf16_f32_bf16_nt_128x256x64_c2x1_2cta_silu"]
+    _, plain = sm100_build["gemm_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c1x1"]
+    assert "MUFU.EX2" in disassemble(silu.cubin) and "MUFU.EX2" not in disassemble(plain.cubin)
+
+
+def test_a_swapped_kernel_takes_the_problems_operands(sm100_build):
+    """The kernel swaps A and B itself and stores C^T through its M-major view, so its
+    arguments (the fake tensors it was traced with) are the problem's."""
+    _, record = sm100_build["gemm_sm100_e4m3_e4m3_f32_bf16_nn_128x32x128_c2x1_swapab"]
+    assert "SWAP_AB = True" in record.source
+    assert "C_LAYOUT = LayoutEnum.COL_MAJOR if SWAP_AB" in record.source
+    # The MMA's B is the problem's M-major A: 8-bit and transposed, so MMA N steps by 16.
+    assert record.ctx.entry.config.mma_layout.b_k_major is False

@@ -75,11 +75,11 @@ def test_explain_reports_derived_values():
 
 
 def test_explain_works_for_a_kernel_no_template_serves():
-    result = run("validate", str(BROKEN), "--explain", "gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_s6")
+    result = run("validate", str(BROKEN), "--explain", "gemm_sm103_e2m1_e2m1_f32_bf16_tn_128x256x768_c1x1_sfe4m3x16_s2")
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["smem_model"].startswith("lower bound")
-    assert {p["rule"] for p in summary["problems"]} == {"SMEM-CARVEOUT", "TEMPLATE-SUPPORT"}
+    assert {p["rule"] for p in summary["problems"]} == {"SMEM-BUDGET", "TEMPLATE-SUPPORT"}
 
 
 def test_schema_is_written_atomically_and_describes_the_catalog(tmp_path):

@@ -45,6 +45,8 @@ class Tcgen05Plan:
     b_rows: int  # rows of B one CTA loads: tile N split over the CTA pair
     mma_m: int
     mma_n: int
+    mma_k_bytes: int  # K bytes one MMA instruction reads (the pipeline's mma_k_bytes)
+    mma_k: int  # the same in elements of the MMA's A type
     cta_k_bytes: int
     k_blocks: int  # MMA instructions along K per stage
     threads: int | None  # None without a template
@@ -96,7 +98,7 @@ def tcgen05_smem(config: KernelConfig, facts: PipelineFacts, p: Tcgen05Parameter
                  epi_m: int, epi_n: int) -> SmemUse:
     align = facts.require("smem_buffer_alignment")
     mbar = facts.require("mbarrier_bytes")
-    d, t, group = config.dtypes, config.tile, config.cta_group
+    d, t, group = config.mma_dtypes, config.tile, config.cta_group
     a = t.m * t.k * d.a.bits // 8 * stages
     b = t.n // group * t.k * d.b.bits // 8 * stages
     scales = 0
@@ -129,7 +131,7 @@ def smem_budget(facts: PipelineFacts, p: Tcgen05Parameters | None) -> tuple[int,
 
 
 def plan_tcgen05(config: KernelConfig, facts: PipelineFacts, p: Tcgen05Parameters | None) -> Tcgen05Plan:
-    t, d, group = config.tile, config.dtypes, config.cta_group
+    t, d, group = config.tile, config.mma_dtypes, config.cta_group
     k_bytes = t.k * d.a.bits // 8
     mma_k = facts.require("mma_k_bytes")
     epi_m, epi_n = _epilogue_tile(config, p)
@@ -148,7 +150,8 @@ def plan_tcgen05(config: KernelConfig, facts: PipelineFacts, p: Tcgen05Parameter
     stages = config.stages if config.stages is not None else fitting
     return Tcgen05Plan(
         has_template=p is not None, cta_group=group, b_rows=t.n // group, mma_m=t.m * group, mma_n=t.n,
-        cta_k_bytes=k_bytes, k_blocks=k_bytes // mma_k if k_bytes % mma_k == 0 else 0,
+        mma_k_bytes=mma_k, mma_k=mma_k * 8 // d.a.bits, cta_k_bytes=k_bytes,
+        k_blocks=k_bytes // mma_k if k_bytes % mma_k == 0 else 0,
         threads=p.threads if p is not None else None,
         epi_m=epi_m, epi_n=epi_n, epi_stages=p.epilogue_stages if p is not None else 0,
         acc_stages=acc_stages, tmem_acc_columns=acc_columns,

@@ -76,26 +76,28 @@ def check_tile_n(ctx: KernelContext) -> Iterator[Diagnostic]:
                        f"use a multiple of {rng.step} between {rng.min} and {rng.max}",
                        tile_n=tn, mma_n_min=rng.min, mma_n_max=rng.max, mma_n_step=rng.step)
         return
-    b = cfg.dtypes.b
-    if (ctx.mma == "tcgen05" and b.bits == 8 and not cfg.layout.b_k_major
+    b = cfg.mma_dtypes.b  # under swap_ab the MMA's B is the problem's A
+    if (ctx.mma == "tcgen05" and b.bits == 8 and not cfg.mma_layout.b_k_major
             and b in ctx.facts.require("mn_major_dtypes")):
         step = ctx.facts.require("mma_n_step_mn_major_8bit").get(cfg.cta_group)
         if step and tn % step:
             yield ctx.diag("MMA-TILE-N", "tile", f"tile N {tn}: an N-major 8-bit B ({b.value}) needs MMA N in "
                            f"steps of {step} with cta_group {cfg.cta_group} (mma_n_step_mn_major_8bit)",
-                           f"use a multiple of {step}, or B K-major (layout tn/nn)", tile_n=tn, mma_n_step=step)
+                           f"use a multiple of {step}, or the MMA's B K-major "
+                           f"(layout {'tn/tt' if cfg.swap_ab else 'tn/nn'})", tile_n=tn, mma_n_step=step)
 
 
 @rule("MMA-TILE-K", "the CTA tile K is a whole number of MMA instruction K widths")
 def check_tile_k(ctx: KernelContext) -> Iterator[Diagnostic]:
     k_bytes = ctx.facts.require("mma_k_bytes")
     cfg = ctx.entry.config
-    bits = cfg.dtypes.a.bits
+    a = cfg.mma_dtypes.a
+    bits = a.bits
     tile_k_bytes = cfg.tile.k * bits // 8
     if (cfg.tile.k * bits) % (8 * k_bytes):
         step = k_bytes * 8 // bits
         lower = max(step, cfg.tile.k // step * step)
-        yield ctx.diag("MMA-TILE-K", "tile", f"tile K {cfg.tile.k} ({tile_k_bytes} B of {cfg.dtypes.a.value}) is "
+        yield ctx.diag("MMA-TILE-K", "tile", f"tile K {cfg.tile.k} ({tile_k_bytes} B of {a.value}) is "
                        f"not a multiple of pipeline {ctx.facts.pipeline}'s {k_bytes}-byte MMA K (mma_k_bytes)",
                        f"use a multiple of {step} elements, e.g. {lower} or {lower + step}", tile_k=cfg.tile.k,
                        tile_k_bytes=tile_k_bytes, mma_k_bytes=k_bytes)
@@ -106,19 +108,20 @@ def check_cta_k(ctx: KernelContext) -> Iterator[Diagnostic]:
     if ctx.mma != "tcgen05":
         return  # warpgroup MMA has no per-stage K limit; the DSL cuts any K into TMA boxes
     cfg = ctx.entry.config
-    bits = cfg.dtypes.a.bits
+    a = cfg.mma_dtypes.a
+    bits = a.bits
     k_bytes = cfg.tile.k * bits // 8
     if ctx.facts.has("cta_k_bytes_fixed"):
         fixed = ctx.facts.require("cta_k_bytes_fixed")
         if k_bytes != fixed:
-            yield ctx.diag("CTA-K-BYTES", "tile", f"tile K {cfg.tile.k} is {k_bytes} B of {cfg.dtypes.a.value}; "
+            yield ctx.diag("CTA-K-BYTES", "tile", f"tile K {cfg.tile.k} is {k_bytes} B of {a.value}; "
                            f"pipeline {ctx.facts.pipeline} fixes the CTA K at {fixed} B (cta_k_bytes_fixed)",
                            f"use tile K {fixed * 8 // bits}", tile_k=cfg.tile.k, tile_k_bytes=k_bytes,
                            cta_k_bytes_fixed=fixed)
         return
     limit = ctx.facts.require("cta_k_bytes_max")
     if k_bytes > limit:
-        yield ctx.diag("CTA-K-BYTES", "tile", f"tile K {cfg.tile.k} is {k_bytes} B of {cfg.dtypes.a.value}, over "
+        yield ctx.diag("CTA-K-BYTES", "tile", f"tile K {cfg.tile.k} is {k_bytes} B of {a.value}, over "
                        f"pipeline {ctx.facts.pipeline}'s {limit} B per stage (cta_k_bytes_max)",
                        f"use tile K <= {limit * 8 // bits} and more stages", tile_k=cfg.tile.k, tile_k_bytes=k_bytes,
                        cta_k_bytes_max=limit)

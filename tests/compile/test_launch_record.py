@@ -1,0 +1,207 @@
+"""Each bundle's host launch path, run against a recording stand-in for the driver, launches
+exactly what the validator derived.
+
+No GPU is needed and none of these kernels' launches can be observed otherwise: the
+Blackwell and Rubin bundles have never run on hardware. For every bundle of the
+session's builds (sm90a, and the tcgen05 kernels in sm100a, sm100f, sm103a and sm107a)
+the test links the bundle's own kernel objects, its glue and the release shim with
+``launch_recorder.c`` in place of the static CUDA runtime (the shipped library's
+cudart cannot start without a real driver), opens the bundle through the runtime
+(``tilekiln.bundle.Bundle``) with that library, and plans and launches every kernel
+for a set of problem sizes through ``Bundle.plan`` and ``Bundle.launch``. The
+stand-in records what the generated host code and the glue asked of the driver;
+each kernel must have launched:
+
+* through the driver's ``cuLaunchKernelEx`` that the shim resolves (never its
+  runtime fallback);
+* with grid (cluster_m, cluster_n, min(work items, resident clusters)), the work
+  items counted in the MMA's terms (M and N swapped under ``swap_ab``) and the
+  resident clusters the runtime took from the occupancy query (the SM count for
+  one-CTA clusters);
+* with the plan's threads per CTA and dynamic shared memory, the cluster
+  dimension attribute, and programmatic stream serialization exactly when the
+  template's manifest declares ``programmatic_launch``;
+* after its load set the non-portable cluster attribute and a dynamic
+  shared-memory limit of the plan's budget (opt-in limit or carveout) less the
+  cubin's static shared memory, which the plan's dynamic bytes fit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from builder.check.context import KernelContext
+from builder.compile.toolchain import toolchain
+from builder.package.link import CFLAGS, LINK_DIR, LinkInput, render_glue, zig_target
+from builder.pipeline.build import BundleResult
+from tilekiln._tensors import Operand
+from tilekiln.bundle import Bundle
+from tilekiln.manifest import read_manifest
+
+pytestmark = pytest.mark.compile
+
+RECORDER = Path(__file__).with_name("launch_recorder.c")
+GLIBC = (2, 28)
+# (M, N, K, batch): skinny, ragged, large and batched, every stride a multiple of 16 elements.
+PROBLEMS = ((16, 4096, 4096, 1), (1008, 1040, 528, 1), (8192, 8192, 1024, 2), (128, 128, 128, 1))
+SM_COUNT = {9: 132, 10: 148}  # the stand-in device: an H100 SXM, a B200
+# The stand-in's answer to every occupancy query: not SM count / cluster size, so a
+# launch that ignored the runtime's query would show.
+OCCUPANCY = 30
+# cudaDeviceAttr, cudaFuncAttribute and CUlaunchAttributeID values (driver_types.h, cuda.h).
+ATTR_SM_COUNT, ATTR_CC_MAJOR, ATTR_CC_MINOR, ATTR_SMEM_OPTIN = 16, 75, 76, 97
+FUNC_MAX_DYNAMIC_SMEM, FUNC_NON_PORTABLE_CLUSTER = 8, 14
+LAUNCH_CLUSTER_DIM, LAUNCH_PROGRAMMATIC = 4, 6
+
+
+@dataclass(frozen=True)
+class Launch:
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    dynamic_smem: int
+    cluster: tuple[int, int, int]
+    programmatic: int
+
+
+def expected_launch(ctx: KernelContext, m: int, n: int, batch: int, resident: int) -> Launch:
+    """The launch the validator's plan and the templates' work distribution call for."""
+    cfg, plan = ctx.entry.config, ctx.plan
+    rows, cols = (n, m) if cfg.swap_ab else (m, n)
+    items = (math.ceil(math.ceil(rows / cfg.tile.m) / cfg.cluster.m)
+             * math.ceil(math.ceil(cols / cfg.tile.n) / cfg.cluster.n) * batch)
+    return Launch((cfg.cluster.m, cfg.cluster.n, max(1, min(items, resident))), (plan.threads, 1, 1),
+                  plan.smem.dynamic_bytes, (cfg.cluster.m, cfg.cluster.n, 1),
+                  int(ctx.template.manifest.parameters.programmatic_launch))
+
+
+def recorded_launch(event: dict) -> Launch:
+    attrs = {a["id"]: a for a in event["attributes"]}
+    cluster = tuple(attrs[LAUNCH_CLUSTER_DIM]["cluster"]) if LAUNCH_CLUSTER_DIM in attrs else (1, 1, 1)
+    return Launch(tuple(event["grid"]), tuple(event["block"]), event["dynamic_smem"], cluster,
+                  attrs.get(LAUNCH_PROGRAMMATIC, {"value": 0})["value"])
+
+
+def link_recording_library(bundle: BundleResult, out: Path) -> Path:
+    """The bundle's objects, glue and shim, linked with the recorder instead of cudart."""
+    tools = toolchain()
+    work = out / bundle.bundle
+    work.mkdir(parents=True)
+    kernels = [LinkInput(r.kernel_id, r.ctx.entry.config.family, r.object_bytes, r.entry) for r in bundle.records]
+    (work / "glue.c").write_text(render_glue(bundle.bundle, kernels))
+    objects = []
+    for i, k in enumerate(kernels):
+        objects.append(work / f"k{i:04d}.o")
+        objects[-1].write_bytes(k.object_bytes)
+    library = work / "librecord.so"
+    cmd = [*tools.cc, "-target", zig_target(GLIBC), *CFLAGS, f"-I{tools.cuda_include}", "-shared", "-Wl,-z,defs",
+           "-o", str(library), str(work / "glue.c"), str(LINK_DIR / "shim.c"), str(RECORDER), *map(str, objects)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return library
+
+
+class Recorded:
+    """A bundle opened by the runtime over its recording library, and the recorder's controls."""
+
+    def __init__(self, result: BundleResult, library: Path, scratch: Path):
+        directory = scratch / result.path.name
+        shutil.copytree(result.path, directory)
+        manifest = read_manifest(directory, verify=False)
+        shutil.copy(library, directory / manifest.library)
+        self.recorder = ctypes.CDLL(str(directory / manifest.library))
+        self.recorder.tkrec_log.restype = ctypes.c_char_p
+        self.cc = manifest.compute_capability
+        self.bundle = Bundle(directory, manifest)
+        self.records = {r.kernel_id: r for r in result.records}
+
+    def configure(self, static_smem: int, smem_optin: int) -> None:
+        values = (ctypes.c_int * 256)()
+        values[ATTR_CC_MAJOR], values[ATTR_CC_MINOR] = self.cc
+        values[ATTR_SM_COUNT], values[ATTR_SMEM_OPTIN] = SM_COUNT[self.cc[0]], smem_optin
+        self.recorder.tkrec_configure(values, 256, OCCUPANCY, static_smem)
+        self.recorder.tkrec_clear()
+
+    def events(self) -> list[dict]:
+        return [json.loads(line) for line in self.recorder.tkrec_log().decode().splitlines()]
+
+
+def operand(name: str, rows: int, cols: int, batch: int, dtype: str, ptr: int, row_major: bool) -> Operand:
+    """A (batch x) rows x cols operand at a fake device address, row- or column-major."""
+    strides = (cols, 1) if row_major else (1, rows)
+    shape = (rows, cols)
+    if batch > 1:
+        shape, strides = (batch, *shape), (rows * cols, *strides)
+    return Operand(name, shape, strides, dtype, ptr, 0, None)
+
+
+def run_kernel(recorded: Recorded, kernel_id: str) -> tuple[list[dict], list[tuple[Launch, Launch]]]:
+    """Plan and launch ``kernel_id`` on every problem: (every event, (expected, recorded) launches)."""
+    ctx = recorded.records[kernel_id].ctx
+    cfg = ctx.entry.config
+    recorded.configure(recorded.records[kernel_id].info.static_smem_bytes,
+                       ctx.facts.require("smem_per_block_optin"))
+    requested = tuple((f, getattr(cfg, f).value) for f in ("activation",) if getattr(cfg, f).value != "none")
+    pairs = []
+    for m, n, k, batch in PROBLEMS:
+        d = cfg.dtypes
+        a = operand("a", m, k, batch, d.a.value, 0x7F0000000000, cfg.layout.a_k_major)
+        b = operand("b", k, n, batch, d.b.value, 0x7F1000000000, not cfg.layout.b_k_major)
+        c = operand("out", m, n, batch, d.c.value, 0x7F2000000000, True)
+        plan = recorded.bundle.plan(a, b, c, kernel=kernel_id,
+                                    out_dtype=d.c.value if d.scaled else None, requested=requested)
+        resident = recorded.bundle.resident_clusters(recorded.bundle.kernels[plan_index(recorded, kernel_id)], 0)
+        before = len(recorded.events())
+        recorded.bundle.launch(plan, a.ptr, b.ptr, c.ptr, 0, 0x7F3000000000, 0x7F3000000010)
+        (launch,) = [e for e in recorded.events()[before:] if e["event"] == "launch"]
+        assert launch["path"] == "driver", launch
+        pairs.append((expected_launch(ctx, m, n, batch, resident), recorded_launch(launch)))
+    return recorded.events(), pairs
+
+
+def plan_index(recorded: Recorded, kernel_id: str) -> int:
+    return [k.id for k in recorded.bundle.kernels].index(kernel_id)
+
+
+@pytest.fixture(scope="module")
+def recorded_bundles(small_build, tcgen05_build, tmp_path_factory) -> dict[str, Recorded]:
+    scratch = tmp_path_factory.mktemp("recorded")
+    return {b.bundle: Recorded(b, link_recording_library(b, scratch / "lib"), scratch)
+            for b in (small_build, *tcgen05_build.bundles)}
+
+
+@pytest.mark.parametrize("bundle", ["sm90a", "sm100a", "sm100f", "sm103a", "sm107a"])
+def test_every_kernel_launches_as_its_plan_says(recorded_bundles, bundle):
+    recorded = recorded_bundles[bundle]
+    assert recorded.records
+    for kernel_id, record in recorded.records.items():
+        ctx = record.ctx
+        events, pairs = run_kernel(recorded, kernel_id)
+        for expected, launched in pairs:
+            assert launched == expected, kernel_id
+        limit = ctx.plan.smem_budget - ctx.template.manifest.parameters.static_smem_bytes
+        attributes = {e["attribute"]: e["value"] for e in events if e["event"] == "kernel_attribute"}
+        assert attributes[FUNC_MAX_DYNAMIC_SMEM] == limit >= ctx.plan.smem.dynamic_bytes, kernel_id
+        assert attributes[FUNC_NON_PORTABLE_CLUSTER] == 1, kernel_id
+        cluster = (ctx.entry.config.cluster.m, ctx.entry.config.cluster.n, 1)
+        for query in (e for e in events if e["event"] == "occupancy"):
+            assert (tuple(query["block"]), query["dynamic_smem"], tuple(query["cluster"])) == (
+                (ctx.plan.threads, 1, 1), ctx.plan.smem.dynamic_bytes, cluster), kernel_id
+
+
+def test_a_launch_that_disagrees_with_its_plan_is_caught(recorded_bundles):
+    """The comparison sees every field: another kernel's plan does not match this launch."""
+    recorded = recorded_bundles["sm100a"]
+    one, other = sorted(recorded.records)[:2]
+    _, pairs = run_kernel(recorded, one)
+    launched = pairs[0][1]
+    m, n, _, batch = PROBLEMS[0]
+    assert launched != expected_launch(recorded.records[other].ctx, m, n, batch, OCCUPANCY)
+    assert launched == pairs[0][0]

@@ -1,0 +1,48 @@
+"""Each Blackwell-family bundle of the default catalog holds what its pipeline adds.
+
+The sm107a bundle's fp8 kernels come from the sm107 pipeline and are rendered
+with SM 10.7's 64-byte MMA K; no other bundle gets one, and no sm107a kernel
+uses the 32-byte fp8 MMA in its place. sm103 adds only the block-scaled fp4
+MMA (K 48), which no template builds yet, so the sm103a bundle's kernels are
+the sm100 pipeline's. Validation and rendering only: no compile.
+"""
+
+from __future__ import annotations
+
+from builder.check.validate import Project, validate_project
+from builder.render import render_kernel
+from tests.fixture_catalogs import ROOT
+
+VALIDATION = validate_project(Project(ROOT))
+
+
+def by_target() -> dict[str, list]:
+    out: dict[str, list] = {}
+    for ctx in VALIDATION.kernels:
+        for target in ctx.entry.targets:
+            out.setdefault(target, []).append(ctx)
+    return out
+
+
+def test_the_default_catalog_is_valid():
+    assert VALIDATION.ok, [d.to_text() for d in VALIDATION.diagnostics]
+
+
+def test_rubin_fp8_kernels_use_the_64_byte_mma_k_and_only_rubin_gets_them():
+    targets = by_target()
+    fp8 = {t: [c for c in kernels if c.entry.config.dtypes.a.bits == 8] for t, kernels in targets.items()}
+    assert fp8["sm_107a"] and all(c.entry.config.pipeline == "sm107" for c in fp8["sm_107a"])
+    for ctx in fp8["sm_107a"]:
+        assert ctx.plan.mma_k_bytes == 64 and ctx.plan.k_blocks == ctx.plan.cta_k_bytes // 64
+        assert "MMA_K_BYTES, MMA_K = 64, 64" in render_kernel(ctx).text
+    for target in ("sm_100a", "sm_100f", "sm_103a"):
+        assert fp8[target], target
+        assert all(c.entry.config.pipeline == "sm100" and c.plan.mma_k_bytes == 32 for c in fp8[target]), target
+
+
+def test_family_and_b300_bundles_hold_only_sm100_pipeline_kernels():
+    """sm_100f cubins also run on SM 10.3 and 10.7, so they use no instruction of a later minor."""
+    targets = by_target()
+    for target in ("sm_100f", "sm_103a"):
+        assert {c.entry.config.pipeline for c in targets[target]} == {"sm100"}, target
+    assert {c.entry.config.pipeline for c in targets["sm_107a"]} == {"sm100", "sm107"}
