@@ -44,7 +44,7 @@ from builder.package.link import CFLAGS, LINK_DIR, LinkInput, render_glue, zig_t
 from builder.pipeline.build import BundleResult
 from tilekiln._tensors import Operand
 from tilekiln.bundle import Bundle
-from tilekiln.manifest import read_manifest
+from tilekiln.manifest import VerifiedBundle, read_manifest
 
 pytestmark = pytest.mark.compile
 
@@ -115,11 +115,13 @@ class Recorded:
         directory = scratch / result.path.name
         shutil.copytree(result.path, directory)
         manifest = read_manifest(directory, verify=False)
-        shutil.copy(library, directory / manifest.library)
-        self.recorder = ctypes.CDLL(str(directory / manifest.library))
+        # The runtime opens a library only from bytes it verified (tilekiln/manifest.py,
+        # read_bundle); the recording library stands in for the verified one here, and its
+        # controls are reached through the very instance the runtime opened.
+        self.bundle = Bundle(directory, manifest, verified=VerifiedBundle(manifest, library.read_bytes(), None, None))
+        self.recorder = self.bundle._library()._lib
         self.recorder.tkrec_log.restype = ctypes.c_char_p
         self.cc = manifest.compute_capability
-        self.bundle = Bundle(directory, manifest)
         self.records = {r.kernel_id: r for r in result.records}
 
     def configure(self, static_smem: int, smem_optin: int) -> None:
