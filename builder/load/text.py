@@ -12,6 +12,7 @@ nothing from the rest of ``builder`` but diagnostics.
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
@@ -26,6 +27,10 @@ _BOMS = {b"\xff\xfe": "UTF-16 (little-endian)", b"\xfe\xff": "UTF-16 (big-endian
 def read_text(path: Path, display: str) -> str:
     """The text of ``path``; raises :class:`DiagnosticError` (YAML-IO, YAML-LIMIT, YAML-ENCODING)."""
     try:
+        # Opening a FIFO would wait for a writer forever, and a device may never end.
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise DiagnosticError([Diagnostic("YAML-IO", "not a regular file (a directory, FIFO or device)",
+                                              Location(display), "replace it with the file itself")])
         with path.open("rb") as stream:
             data = stream.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
