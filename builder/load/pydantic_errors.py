@@ -120,6 +120,8 @@ def _data_path(loc: tuple, data: object) -> tuple:
     path: list = []
     node = data
     for i, part in enumerate(loc):
+        if part == "[key]":  # pydantic's mark of an error in the key itself, which the path already ends in
+            continue
         if isinstance(node, dict) and part in node:
             node = node[part]
         elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):

@@ -4,10 +4,10 @@ Python's lenient readers would take a Latin-1 or UTF-16 file apart into
 something else, or raise ``UnicodeDecodeError`` with a byte offset; here a
 file that is not UTF-8 is a YAML-ENCODING diagnostic at the line and column
 of its first bad byte, with a hint that names the likely encoding. A file
-larger than :data:`MAX_FILE_BYTES` is refused before it is parsed
-(YAML-LIMIT): PyYAML reads about 50 KB/s in pure Python on a loaded 2-core
-machine, so the bound keeps any input far inside a few seconds. Imports
-nothing from the rest of ``builder`` but diagnostics.
+larger than the caller's bound is refused before it is parsed (YAML-LIMIT):
+PyYAML reads about 100 KB/s in pure Python, so the bound keeps any input
+inside a few seconds. Imports nothing from the rest of ``builder`` but
+diagnostics.
 """
 
 from __future__ import annotations
@@ -17,30 +17,27 @@ from pathlib import Path
 
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 
-# The largest file of catalog/ and templates/ is 15 KB (catalog/gemm/sm90.yaml); committed
-# tuning tables reach 120 KB (catalog/tuning/sm90a.json), so the bound leaves room for both.
-MAX_FILE_BYTES = 512 * 1024
-
 _BOMS = {b"\xff\xfe": "UTF-16 (little-endian)", b"\xfe\xff": "UTF-16 (big-endian)"}
 
 
-def read_text(path: Path, display: str) -> str:
-    """The text of ``path``; raises :class:`DiagnosticError` (YAML-IO, YAML-LIMIT, YAML-ENCODING)."""
+def read_text(path: Path, display: str, limit: int) -> str:
+    """The text of ``path``, at most ``limit`` bytes; raises :class:`DiagnosticError`
+    (YAML-IO, YAML-LIMIT, YAML-ENCODING)."""
     try:
         # Opening a FIFO would wait for a writer forever, and a device may never end.
         if not stat.S_ISREG(path.stat().st_mode):
             raise DiagnosticError([Diagnostic("YAML-IO", "not a regular file (a directory, FIFO or device)",
                                               Location(display), "replace it with the file itself")])
         with path.open("rb") as stream:
-            data = stream.read(MAX_FILE_BYTES + 1)
+            data = stream.read(limit + 1)
     except OSError as exc:
         raise DiagnosticError([Diagnostic("YAML-IO", f"cannot read file: {exc.strerror}",
                                           Location(display), "check the path and permissions")]) from None
-    if len(data) > MAX_FILE_BYTES:
+    if len(data) > limit:
         raise DiagnosticError([Diagnostic(
-            "YAML-LIMIT", f"file is larger than {MAX_FILE_BYTES // 1024} KiB", Location(display),
-            "split it into several files; catalog/gemm/ takes any number of them",
-            facts={"limit_bytes": MAX_FILE_BYTES})])
+            "YAML-LIMIT", f"file is larger than {limit // 1024} KiB", Location(display),
+            "check it is the right file; a catalog may be split into several files under catalog/gemm/",
+            facts={"limit_bytes": limit})])
     return decode_text(data, display)
 
 

@@ -44,12 +44,14 @@ from builder.load.text import read_text, text_position
 
 YamlPath = tuple[str | int, ...]
 
-# catalog/gemm files nest 6 deep (kernels[i].sweep.cluster[j][k]), facts 5; PyYAML takes
+# The files of catalog/ and templates/ nest at most 8 levels (a facts file's dtype combos); PyYAML takes
 # about 3 Python frames per level, so 64 levels stay far inside the interpreter's 1000.
 MAX_DEPTH = 64
-# The largest file today is 3,700 nodes (catalog/gemm/sm90.yaml); converting 100,000 takes
+# The largest file today has 1,185 nodes (catalog/gemm/sm90.yaml); converting 100,000 takes
 # about a second on a loaded 2-core machine.
 MAX_NODES = 100_000
+# The largest file today is 15 KB (catalog/gemm/sm90.yaml); PyYAML reads 128 KiB in about 1.3 s.
+MAX_FILE_BYTES = 128 * 1024
 # No count in a catalog has more than 10 digits; Python's int() refuses 4,300 (CVE-2020-10735).
 MAX_INT_DIGITS = 64
 
@@ -85,7 +87,7 @@ def format_path(path: YamlPath) -> str:
 def load_yaml(path: Path, display: str | None = None) -> YamlDocument:
     """Parse ``path``; raise :class:`DiagnosticError` for any problem listed in the module docstring."""
     name = display or str(path)
-    return parse_yaml(read_text(path, name), name)
+    return parse_yaml(read_text(path, name, MAX_FILE_BYTES), name)
 
 
 class _Limit(Exception):
