@@ -75,6 +75,8 @@ def _open(path: Path, read: Callable[[str], bytes], wheel: WheelInfo | None) -> 
         raw = read(MANIFEST_NAME)
     except (FileNotFoundError, KeyError):
         raise _error(path, f"has no {MANIFEST_NAME}", "rebuild or repackage the bundle") from None
+    except OSError as exc:  # a directory or unreadable file in its place
+        raise _error(path, f"cannot read {MANIFEST_NAME} ({exc.strerror})", "rebuild or repackage the bundle") from None
     problem = ""
     try:
         try:
@@ -101,7 +103,7 @@ def _open(path: Path, read: Callable[[str], bytes], wheel: WheelInfo | None) -> 
     for relative in [r for r, _ in manifest.files] + [MANIFEST_NAME]:
         try:
             sizes.append((relative, len(read(relative))))
-        except (FileNotFoundError, KeyError):
+        except (OSError, KeyError):  # missing or unreadable: the integrity problem says which
             continue
     return Artifact(path, manifest, tuple(sizes), problem, wheel, tuning_file)
 
