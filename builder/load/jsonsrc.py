@@ -6,8 +6,9 @@ of the caller's rule id, never a traceback: a file that is too large or not
 UTF-8 (builder/load/text.py), not JSON (at the line and column ``json``
 reports), nested deeper than :data:`~builder.load.yamlsrc.MAX_DEPTH` (the
 decoder recurses per level), a duplicate key (JSON keeps the last silently),
-``NaN`` or ``Infinity`` (not JSON numbers), or an integer Python refuses to
-read (over 4,300 digits).
+``NaN`` or ``Infinity`` (not JSON numbers), or an integer of more than
+:data:`~builder.load.yamlsrc.MAX_INT_DIGITS` digits (Python's ``int()``
+refuses 4,300).
 
 Positions come from the standard library's pure-Python decoder, whose object
 and array parsers are wrapped to record where each value starts (70 ms for
@@ -26,7 +27,7 @@ from typing import Any
 
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.load.text import read_text
-from builder.load.yamlsrc import MAX_DEPTH, YamlDocument, YamlPath
+from builder.load.yamlsrc import MAX_DEPTH, MAX_INT_DIGITS, YamlDocument, YamlPath
 
 
 # catalog/tuning/sm90a.json is 330 KB; the json module reads 1 MiB in a fraction of a second.
@@ -52,11 +53,17 @@ def _constant(name: str) -> None:
     raise _Refused(None, f"{name} is not a JSON number", "write a finite number")
 
 
+def _integer(text: str) -> int:
+    if len(text) > MAX_INT_DIGITS:
+        raise _Refused(None, f"a number of {len(text)} digits", f"write a number of at most {MAX_INT_DIGITS} digits")
+    return int(text)
+
+
 class _Decoder(json.JSONDecoder):
     """A JSON decoder that records where each value of each object and array starts."""
 
     def __init__(self):
-        super().__init__(object_pairs_hook=list, parse_constant=_constant)
+        super().__init__(object_pairs_hook=list, parse_constant=_constant, parse_int=_integer)
         self.parse_object, self.parse_array = self._object, self._array
         self.scan_once = json.scanner.py_make_scanner(self)
         self.starts: dict[int, dict] = {}  # id(dict or list) -> {key or index: start of its value}
@@ -97,7 +104,11 @@ class _Decoder(json.JSONDecoder):
 
         def scan(string: str, index: int):
             starts.append(index)
-            return scan_once(string, index)
+            try:
+                return scan_once(string, index)
+            except _Refused as exc:  # a constant or number refused above knows no position
+                exc.index = index if exc.index is None else exc.index
+                raise
 
         return starts, scan
 
@@ -113,14 +124,11 @@ def parse_json(text: str, name: str, rule: str) -> YamlDocument:
     try:
         data = decoder.decode(text)
     except _Refused as exc:
-        where = Location(name, *position(exc.index)) if exc.index is not None else Location(name)
-        raise DiagnosticError([Diagnostic(rule, exc.message, where, exc.hint)]) from None
+        start = exc.index if exc.index is not None else len(text) - len(text.lstrip())  # the document itself
+        raise DiagnosticError([Diagnostic(rule, exc.message, Location(name, *position(start)), exc.hint)]) from None
     except json.JSONDecodeError as exc:
         raise DiagnosticError([Diagnostic(rule, f"not JSON: {exc.msg}", Location(name, exc.lineno, exc.colno),
                                           "fix the JSON here, or write the file again with the tool that made it")]) from None
-    except ValueError as exc:  # int() of more digits than Python reads
-        raise DiagnosticError([Diagnostic(rule, f"not readable: {exc}", Location(name),
-                                          "write numbers of at most a few digits")]) from None
     positions: dict[YamlPath, tuple[int, int]] = {(): (1, 1)}
     _place(data, (), decoder.starts, position, positions)
     if decoder.duplicates:
