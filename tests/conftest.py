@@ -10,8 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# A long run of the catalog fuzzer with fresh random inputs (tests/unit/test_fuzz_catalog.py):
+# pytest tests/unit/test_fuzz_catalog.py --hypothesis-profile=fuzz-campaign
+settings.register_profile("fuzz-campaign", max_examples=20_000)
 
 
 def gpu_available() -> tuple[bool, str]:

@@ -33,7 +33,8 @@ class Expected:
 def expectations(*paths: Path) -> set[Expected]:
     out = set()
     for path in paths:
-        for number, text in enumerate(path.read_text().splitlines(), start=1):
+        # Replacement characters: a YAML-ENCODING fixture is not UTF-8 on purpose.
+        for number, text in enumerate(path.read_bytes().decode("utf-8", "replace").splitlines(), start=1):
             match = _EXPECT.search(text)
             if match:
                 out |= {Expected(path.name, number, r.strip()) for r in match.group(1).split(",")}

@@ -8,7 +8,9 @@ torch is imported only when a torch tensor is passed or ``__dlpack__`` needs it.
 
 from __future__ import annotations
 
+import operator
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tilekiln.spec import DTYPES, itemsize
@@ -81,20 +83,56 @@ def _from_torch(t, name: str) -> Operand:
     return Operand(name, tuple(t.shape), tuple(t.stride()), torch_dtype_token(t.dtype), t.data_ptr(), device, t)
 
 
-def _from_cai(obj: object, cai: dict, name: str) -> Operand:
-    shape = tuple(int(s) for s in cai["shape"])
-    typestr = cai["typestr"]
+def _from_cai(obj: object, cai: object, name: str) -> Operand:
+    shape = _cai_ints(cai, "shape", name)
+    typestr = _cai_entry(cai, "typestr", name)
+    if not isinstance(typestr, str):
+        raise _cai_error(name, "typestr", f"must be a numpy type string such as '<f2', got {type(typestr).__name__}")
     dtype = _CAI_DTYPES.get(typestr, typestr)
-    itemsize = int(typestr[2:]) if typestr[2:].isdigit() else 1
+    itemsize = int(typestr[2:]) if typestr[2:].isdecimal() and typestr[2:].isascii() else 1
     if cai.get("strides") is None:
         strides = contiguous_strides(shape)
     else:
-        raw = tuple(int(s) for s in cai["strides"])
+        raw = _cai_ints(cai, "strides", name)
+        if len(raw) != len(shape):
+            raise _cai_error(name, "strides", f"has {len(raw)} entries for {len(shape)} dimensions")
         if any(s % itemsize for s in raw):
             raise ValueError(f"{name}: strides {raw} (bytes) are not multiples of the {itemsize}-byte item size")
         strides = tuple(s // itemsize for s in raw)
-    ptr = int(cai["data"][0])
+    data = _cai_entry(cai, "data", name)
+    if not (isinstance(data, (tuple, list)) and len(data) == 2):
+        raise _cai_error(name, "data", f"must be a (pointer, read_only) pair, got {data!r:.60}")
+    try:
+        ptr = operator.index(data[0])
+        if ptr < 0 or isinstance(data[0], bool):
+            raise TypeError
+    except TypeError:
+        raise _cai_error(name, "data", f"must start with a non-negative integer pointer, got {data[0]!r:.40}") from None
     return Operand(name, shape, strides, dtype, ptr, _cai_device(ptr), obj)
+
+
+def _cai_entry(cai: object, key: str, name: str) -> object:
+    if not isinstance(cai, Mapping):
+        raise TypeError(f"{name}: __cuda_array_interface__ must be a dict (CUDA Array Interface v3), "
+                        f"got {type(cai).__name__}")
+    if key not in cai:
+        raise _cai_error(name, key, "is missing; the interface needs shape, typestr and data")
+    return cai[key]
+
+
+def _cai_ints(cai: object, key: str, name: str) -> tuple[int, ...]:
+    """A tuple of integers of the interface; bools, floats and strings are refused, not converted."""
+    value = _cai_entry(cai, key, name)
+    try:
+        if not isinstance(value, (tuple, list)) or any(isinstance(v, bool) for v in value):
+            raise TypeError
+        return tuple(operator.index(v) for v in value)
+    except TypeError:
+        raise _cai_error(name, key, f"must be a tuple of integers, got {value!r:.60}") from None
+
+
+def _cai_error(name: str, key: str, problem: str) -> TypeError:
+    return TypeError(f"{name}: __cuda_array_interface__[{key!r}] {problem}")
 
 
 def _cai_device(ptr: int) -> int:

@@ -275,7 +275,7 @@ class CountCodec(Codec):
 
     def __init__(self, prefix: str = "", suffix: str = ""):
         self.prefix, self.suffix = prefix, suffix
-        self.pattern = re.escape(prefix) + r"[1-9]\d*" + re.escape(suffix)
+        self.pattern = re.escape(prefix) + r"[1-9][0-9]*" + re.escape(suffix)
         self.form = f"{prefix}<n>{suffix}"
 
     def token(self, value):
@@ -310,7 +310,7 @@ class ExtentsCodec(Codec):
         self.type, self.prefix = value_type, prefix
         self.names = tuple(f.name for f in dataclasses.fields(value_type))
         self.shape = f"positive_ints{len(self.names)}"
-        self.pattern = re.escape(prefix) + "x".join([r"[1-9]\d*"] * len(self.names))
+        self.pattern = re.escape(prefix) + "x".join([r"[1-9][0-9]*"] * len(self.names))
         self.form = prefix + "x".join(f"<{n.upper()}>" for n in self.names)
 
     def plain(self, value):
@@ -367,7 +367,7 @@ class LayoutCodec(Codec):
 
 class BlockScaleCodec(Codec):
     shape = "block_scale"
-    pattern = "sf" + _DT + r"x[1-9]\d*"
+    pattern = "sf" + _DT + r"x[1-9][0-9]*"
     form = "sf<scale>x<block>"
 
     def plain(self, value):
@@ -445,6 +445,9 @@ def _field(codec: Codec, description: str, default: Any = dataclasses.MISSING, *
 
 
 FAMILY_NAMES = ("gemm",)
+# ASCII digits only (`\d` also matches Arabic-Indic and full-width digits), at most four:
+# a pipeline name is part of every kernel id, which names files.
+PIPELINE_PATTERN = r"sm[1-9][0-9]{1,3}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -458,7 +461,7 @@ class KernelConfig:
 
     family: str = _field(NameCodec("family", "|".join(FAMILY_NAMES), "|".join(FAMILY_NAMES)), "kernel family (its arguments: FAMILIES)",
                          "gemm", positional=True, selection=True)
-    pipeline: str = _field(NameCodec("pipeline", r"sm\d+", "sm<NN>"), "GPU pipeline, e.g. sm90",
+    pipeline: str = _field(NameCodec("pipeline", PIPELINE_PATTERN, "sm<NN>"), "GPU pipeline, e.g. sm90",
                            positional=True, selection=True)
     dtypes: DTypes = _field(DTypesCodec(), "element types of A, B, the accumulator and C",
                             positional=True, selection=True, support=("dtypes", "values"))

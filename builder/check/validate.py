@@ -72,8 +72,10 @@ def validate_project(project: Project, catalog_dir: Path | None = None,
         diagnostics.extend(exc.diagnostics)
     if facts is None or templates is None or catalog is None:
         return Validation(catalog, facts, templates, (), tuple(diagnostics))
-    kernels, planned, found = check_catalog(catalog, facts, templates, tuned_kernel_ids(project.root))
+    tuned, tuning_problems = tuned_kernel_ids(project.root)
+    kernels, planned, found = check_catalog(catalog, facts, templates, tuned)
     diagnostics.extend(found)
+    diagnostics.extend(tuning_problems)
     diagnostics.extend(check_verification_files(project.root))
     return Validation(catalog, facts, templates, kernels, tuple(diagnostics), planned)
 

@@ -432,15 +432,13 @@ def _open_artifacts(fmt: str, *paths: str) -> list:
 @click.option("--format", "fmt", type=Choice(["text", "json"]), default="text", show_default=True)
 def inspect_artifact(artifact: str, fmt: str) -> None:
     """Show a bundle's or bundle wheel's kernels, integrity and provenance (exit 1 if damaged)."""
-    from rich.console import Console
-
-    from builder.cli.inspection import inspect_json, print_inspect
+    from builder.cli.inspection import inspect_json, literal_console, print_inspect
 
     (found,) = _open_artifacts(fmt, artifact)
     if fmt == "json":
         click.echo(json.dumps(inspect_json(found), indent=2))
     else:
-        print_inspect(found, Console(soft_wrap=True))
+        print_inspect(found, literal_console())
     sys.exit(EXIT_INVALID if found.problem else EXIT_OK)
 
 
@@ -450,15 +448,13 @@ def inspect_artifact(artifact: str, fmt: str) -> None:
 @click.option("--format", "fmt", type=Choice(["text", "json"]), default="text", show_default=True)
 def diff(old: str, new: str, fmt: str) -> None:
     """Kernels added, removed and changed between two bundles or wheels, and the size delta."""
-    from rich.console import Console
-
-    from builder.cli.inspection import diff_artifacts, diff_json, print_diff
+    from builder.cli.inspection import diff_artifacts, diff_json, literal_console, print_diff
 
     result = diff_artifacts(*_open_artifacts(fmt, old, new))
     if fmt == "json":
         click.echo(json.dumps(diff_json(result), indent=2))
     else:
-        print_diff(result, Console(soft_wrap=True))
+        print_diff(result, literal_console())
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

@@ -255,7 +255,7 @@ def _changes(old: dict[str, object], new: dict[str, object]) -> tuple[Change, ..
 
 def print_size_breakdown(rows: tuple[SizeRow, ...], console: Console | None = None) -> None:
     """The per-kernel size table ``tilekiln package`` prints when a wheel is over its budget."""
-    console = console or Console(stderr=True, soft_wrap=True)
+    console = console or literal_console(stderr=True)
     table = Table(title="wheel size by part (largest first)", title_justify="left", box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False)
     for col in ("part", "files B", "in wheel B", "share"):
@@ -268,12 +268,19 @@ def print_size_breakdown(rows: tuple[SizeRow, ...], console: Console | None = No
                   "`tilekiln inspect` lists each kernel's share (cubin B)")
 
 
+def literal_console(**options) -> Console:
+    """A console that prints text as it is. A bundle's strings (the device name a tuning file
+    records, catalog file names, toolchain versions) may hold ``[bold]``, ``[link=...]`` or
+    ``:warning:``, which rich would otherwise take for markup and emoji codes."""
+    return Console(soft_wrap=True, markup=False, emoji=False, **options)
+
+
 def _print_table(console: Console, table: Table) -> None:
     """Print at the table's natural width: kernel ids are never cut, piped or not."""
     natural = Measurement.get(console, console.options.update_width(10**5), table).maximum
     if natural > console.width:
-        console = Console(file=console.file, width=natural, color_system=console.color_system,
-                          force_terminal=console.is_terminal)
+        console = literal_console(file=console.file, width=natural, color_system=console.color_system,
+                                  force_terminal=console.is_terminal)
     console.print(table)
 
 

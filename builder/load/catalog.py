@@ -22,7 +22,7 @@ from pydantic import AfterValidator, Field, StrictBool, TypeAdapter, create_mode
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.load.paths import display_path
 from builder.load.pydantic_errors import load_model, load_models
-from builder.load.yamlmodel import StrictPositiveInt, YamlModel
+from builder.load.yamlmodel import PipelineName, StrictPositiveInt, TargetName, YamlModel
 from builder.load.yamlsrc import YamlDocument, YamlPath
 from tilekiln.spec import (
     FAMILY_NAMES,
@@ -94,12 +94,12 @@ SweepFields = create_model(
 
 class KernelItem(KernelFields):
     sweep: SweepFields | None = None
-    targets: list[str] | None = Field(default=None, min_length=1, description="override the file's targets")
+    targets: list[TargetName] | None = Field(default=None, min_length=1, description="override the file's targets")
 
 
 class CatalogFile(YamlModel):
-    pipeline: str = Field(pattern=r"^sm[0-9]+$")
-    targets: list[str] = Field(min_length=1, description="compile targets, e.g. [sm_90a]")
+    pipeline: PipelineName
+    targets: list[TargetName] = Field(min_length=1, description="compile targets, e.g. [sm_90a]")
     defaults: KernelFields = KernelFields()
     kernels: list[KernelItem] = Field(min_length=1)
 
@@ -107,10 +107,11 @@ class CatalogFile(YamlModel):
 class CatalogSettings(YamlModel):
     # ASCII digits only: `\d` (Python's re and pydantic's regex alike) and
     # str.isdigit also match full-width and Arabic-Indic digits, which int()
-    # and float() then read as if they were ASCII.
-    version: str = Field(pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$", description="semantic version of built bundles")
-    wheel_size_limit: str = Field(default="100MB", pattern=r"^[0-9]+(\.[0-9]+)?\s*(B|KB|MB|GB)$")
-    glibc: str = Field(pattern=r"^2\.[0-9]+$", description="oldest glibc the bundles run on, quoted: '2.28'; "
+    # and float() then read as if they were ASCII. Bounded lengths: the version
+    # names wheel files (tilekiln_kernels_sm90a-<version>-...whl).
+    version: str = Field(pattern=r"^[0-9]{1,6}\.[0-9]{1,6}\.[0-9]{1,6}$", description="semantic version of built bundles")
+    wheel_size_limit: str = Field(default="100MB", pattern=r"^[0-9]{1,6}(\.[0-9]{1,6})? ?(B|KB|MB|GB)$")
+    glibc: str = Field(pattern=r"^2\.[0-9]{1,3}$", description="oldest glibc the bundles run on, quoted: '2.28'; "
                        "the library is linked for it and its wheel tagged manylinux_2_28")
 
     @field_validator("version")

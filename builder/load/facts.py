@@ -20,7 +20,7 @@ from pydantic import Field, StrictBool, StrictInt, model_validator
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.load.paths import display_path
 from builder.load.pydantic_errors import load_models
-from builder.load.yamlmodel import YamlModel
+from builder.load.yamlmodel import PipelineName, StrictPositiveInt, TargetName, YamlModel
 from builder.load.yamlsrc import YamlDocument
 from tilekiln.spec import DType
 
@@ -41,7 +41,7 @@ class Fact(YamlModel, Generic[T]):
 class IntRange(YamlModel):
     min: StrictInt
     max: StrictInt
-    step: StrictInt
+    step: StrictPositiveInt
 
     def __contains__(self, value: int) -> bool:
         return self.min <= value <= self.max and value % self.step == 0
@@ -82,7 +82,7 @@ class Target(YamlModel):
     ``f`` targets on the same major with minor >= the target's; ``runs_on``
     lists the compute capabilities of the family a cubin may meet."""
 
-    name: str = Field(pattern=r"^sm_[0-9]+[af]?$")
+    name: TargetName
     kind: Literal["a", "f"]
     compute_capability: ComputeCapability
     runs_on: list[ComputeCapability] = Field(min_length=1)
@@ -143,7 +143,7 @@ class FactsBody(YamlModel):
 
 
 class FactsFile(YamlModel):
-    pipeline: str = Field(pattern=r"^sm[0-9]+$")
+    pipeline: PipelineName
     description: str
     targets: list[Target] = Field(min_length=1)
     facts: FactsBody

@@ -43,7 +43,10 @@ def diagnostics_from_validation(exc: ValidationError, doc: YamlDocument, rule: s
                                 model: type[BaseModel]) -> list[Diagnostic]:
     by_path: dict[tuple, list[dict]] = {}
     for err in exc.errors(include_url=False):
-        by_path.setdefault(_data_path(err["loc"], doc.data), []).append(err)
+        loc = err["loc"]
+        if err["type"] == "union_tag_invalid":  # at the tag's own line, not its mapping's
+            loc = (*loc, err["ctx"]["discriminator"].strip("'"))
+        by_path.setdefault(_data_path(loc, doc.data), []).append(err)
     return [_diagnostic(path, errors, doc, rule, model) for path, errors in by_path.items()]
 
 
@@ -120,6 +123,8 @@ def _data_path(loc: tuple, data: object) -> tuple:
     path: list = []
     node = data
     for i, part in enumerate(loc):
+        if part == "[key]":  # pydantic's mark of an error in the key itself, which the path already ends in
+            continue
         if isinstance(node, dict) and part in node:
             node = node[part]
         elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):

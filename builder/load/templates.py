@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, PositiveInt, StrictBool, StrictInt, TypeAdapter, create_model, model_validator
+from pydantic import Field, PositiveInt, StrictBool, TypeAdapter, create_model, model_validator
 
 from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.load.catalog import yaml_type
 from builder.load.pydantic_errors import load_models
-from builder.load.yamlmodel import StrictPositiveInt, YamlModel
+from builder.load.yamlmodel import (PipelineName, StrictCount, StrictPositiveInt, TemplateFileName,
+                                    YamlModel)
 from tilekiln.spec import FAMILY_NAMES, FieldSpec, KernelConfig, config_fields
 
 
@@ -62,10 +63,10 @@ class Sm90Parameters(YamlModel):
     kind: Literal["wgmma"]
     producer_registers: dict[PositiveInt, StrictPositiveInt] = Field(
         description="the producer warpgroup's registers, per consumer warpgroup count; the consumers share the rest")
-    epilogue_stages: StrictInt
-    epilogue_tile_n: StrictInt
-    static_smem_bytes: StrictInt
-    max_stages: StrictInt
+    epilogue_stages: StrictPositiveInt
+    epilogue_tile_n: StrictPositiveInt
+    static_smem_bytes: StrictCount
+    max_stages: StrictPositiveInt
     max_consumer_warpgroups: StrictPositiveInt = Field(
         description="most cooperative consumer warpgroups; a tile gets as many as split its MMA row blocks evenly")
     pingpong_consumer_warpgroups: StrictPositiveInt = Field(description="consumer warpgroups of a ping-pong kernel")
@@ -92,7 +93,7 @@ class Tcgen05Parameters(YamlModel):
     epilogue_tile_n: StrictPositiveInt = Field(
         description="widest epilogue sub-tile N; halved until it divides tile N")
     epilogue_tile_m: StrictPositiveInt = Field(description="epilogue sub-tile rows (one TMEM lane per row)")
-    static_smem_bytes: StrictInt
+    static_smem_bytes: StrictCount
     max_stages: StrictPositiveInt
     oversized_smem_launch: StrictBool = Field(description="the generated launch requests the oversized carveout")
     programmatic_launch: StrictBool = Field(
@@ -103,8 +104,8 @@ TemplateParameters = Annotated[Sm90Parameters | Tcgen05Parameters, Field(discrim
 
 
 class TemplateManifest(YamlModel):
-    template: str
-    pipelines: list[str] = Field(min_length=1, description="the pipelines it serves")
+    template: TemplateFileName
+    pipelines: list[PipelineName] = Field(min_length=1, description="the pipelines it serves")
     families: list[Literal[FAMILY_NAMES]] = Field(min_length=1, description="the kernel families it implements")
     supports: Supports
     parameters: TemplateParameters
@@ -171,9 +172,14 @@ def load_templates(directory: Path, display_root: Path | None = None) -> Templat
     for _, display, doc, manifest in load_models(sorted(directory.glob("*.yaml")), display_root, TemplateManifest,
                                                  "TEMPLATE-MANIFEST", problems):
         path = directory / manifest.template
-        if not path.exists():
+        if not path.is_file():
             problems.append(Diagnostic("TEMPLATE-MISSING", f"template file {manifest.template} does not exist",
                                        doc.locate(("template",)), "fix the name or add the template"))
+            continue
+        if not path.resolve().is_relative_to(directory.resolve()):
+            problems.append(Diagnostic(
+                "TEMPLATE-MANIFEST", f"template file {manifest.template} links to {path.resolve()}, outside "
+                f"{directory.name}/", doc.locate(("template",)), "put the template itself in the directory, not a link"))
             continue
         found.append(Template(path.name.removesuffix(".py.j2"), path, manifest, display))
     if problems:

@@ -11,15 +11,33 @@ by its id alone.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from builder.diagnostics import Diagnostic, DiagnosticError, Location
-from tilekiln.spec import Verified
+from builder.diagnostics import Diagnostic, DiagnosticError
+from builder.load.jsonsrc import load_json
+from builder.load.paths import display_path
+from builder.load.pydantic_errors import diagnostics_from_validation
+from tilekiln.spec import KernelIdError, Verified, parse_kernel_id
 
+RULE = "VERIFICATION-FILE"
 SHA256 = r"^[0-9a-f]{64}$"
+# Printable ASCII: a device, driver or torch version as their tools spell it.
+Text = Annotated[str, Field(pattern=r"^[ -~]{1,100}$")]
+
+
+def _kernel_id(text: str) -> str:
+    try:
+        parse_kernel_id(text)
+    except KernelIdError as exc:
+        raise ValueError(f"{exc}; name kernels by their ids, as tilekiln verify writes them") from None
+    return text
+
+
+KernelId = Annotated[str, AfterValidator(_kernel_id)]
 
 
 class _Record(BaseModel):
@@ -33,21 +51,21 @@ class KernelCheck(_Record):
 
 
 class HardwareRecord(_Record):
-    sku: str = Field(min_length=1, pattern=r"^[A-Za-z0-9 ._()-]+$")
-    device: str
+    sku: str = Field(pattern=r"^[A-Za-z0-9 ._()-]{1,80}$")
+    device: Text
     compute_capability: tuple[int, int]
-    driver: str
-    torch: str
-    date: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$")
+    driver: Text
+    torch: Text
+    date: str = Field(pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
     seed: int
-    bundle_version: str
-    kernels: dict[str, KernelCheck]
-    failed: list[str]
+    bundle_version: Text
+    kernels: dict[KernelId, KernelCheck]
+    failed: list[KernelId]
 
 
 class VerificationFile(_Record):
     schema_: Literal[1] = Field(alias="schema")
-    bundle: str
+    bundle: str = Field(pattern=r"^sm[1-9][0-9]{1,3}[af]?$")
     records: list[HardwareRecord]
 
     def verified_on(self, kernel_id: str, cubin_sha256: str) -> tuple[Verified, ...]:
@@ -66,18 +84,16 @@ def read_verification(root: Path, bundle: str) -> VerificationFile | None:
     path = verification_dir(root) / f"{bundle}.json"
     if not path.exists():
         return None
-    label = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+    label = display_path(path, root)
+    doc = load_json(path, label, RULE)
     try:
-        data = VerificationFile.model_validate_json(path.read_bytes())
-    except (OSError, ValueError) as exc:  # ValidationError is a ValueError
-        problem = (f"{len(exc.errors())} fields are malformed, first {'.'.join(map(str, exc.errors()[0]['loc']))}: "
-                   f"{exc.errors()[0]['msg']}" if isinstance(exc, ValidationError) else str(exc))
-        raise DiagnosticError([Diagnostic(
-            "VERIFICATION-FILE", f"not a verification file: {problem}", Location(label),
-            "regenerate it on the GPU machine with `python3 -m tilekiln.verify BUNDLE --out " + label + "`")]) from None
+        # As JSON: strict mode takes a JSON array for a tuple, but not a Python list.
+        data = VerificationFile.model_validate_json(json.dumps(doc.data))
+    except ValidationError as exc:
+        raise DiagnosticError(diagnostics_from_validation(exc, doc, RULE, VerificationFile)) from None
     if data.bundle != bundle:
         raise DiagnosticError([Diagnostic(
-            "VERIFICATION-FILE", f"holds records of bundle {data.bundle!r}, not {bundle!r}", Location(label),
+            RULE, f"holds records of bundle {data.bundle!r}, not {bundle!r}", doc.locate(("bundle",)),
             f"name it catalog/verification/{data.bundle}.json")])
     return data
 

@@ -82,6 +82,8 @@ def _open(path: Path, read: Callable[[str], bytes], wheel: WheelInfo | None) -> 
         raise _error(path, f"has no {MANIFEST_NAME}", "rebuild or repackage the bundle") from None
     except BundleIntegrityError as exc:
         raise _error(path, str(exc), "rebuild or repackage the bundle") from None
+    except OSError as exc:  # a directory or unreadable file in its place
+        raise _error(path, f"cannot read {MANIFEST_NAME} ({exc.strerror})", "rebuild or repackage the bundle") from None
     problem = ""
     try:
         try:
@@ -111,7 +113,7 @@ def _open(path: Path, read: Callable[[str], bytes], wheel: WheelInfo | None) -> 
     for relative in [r for r, _ in manifest.files] + [MANIFEST_NAME]:
         try:
             sizes.append((relative, len(read(relative))))
-        except (FileNotFoundError, KeyError, BundleIntegrityError):
+        except (OSError, KeyError, BundleIntegrityError):  # missing or unreadable: the integrity problem says which
             continue
     return Artifact(path, manifest, tuple(sizes), problem, wheel, tuning_file)
 

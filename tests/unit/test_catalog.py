@@ -68,7 +68,8 @@ def test_sweep_is_a_cartesian_product(project_copy):
 
 
 @pytest.mark.parametrize("body, rule, line", [
-    (HEADER + "  - tile: [128, 128, 64]\n    cluster: [1, 1\n", "YAML-SYNTAX", 9),
+    # an unclosed bracket: the line it opens on, not the end of the file where the parser noticed
+    (HEADER + "  - tile: [128, 128, 64]\n    cluster: [1, 1\n", "YAML-SYNTAX", 8),
     (HEADER + "  - tile: [128, 128, 64]\n    tile: [64, 64, 64]\n    cluster: [1, 1]\n", "YAML-DUPLICATE-KEY", 8),
     (HEADER + "  - tile: [128, 128, 64]\n    clutser: [1, 1]\n", "CATALOG-SCHEMA", 8),
     (HEADER + "  - tile: [128, big, 64]\n    cluster: [1, 1]\n", "CATALOG-SCHEMA", 7),

@@ -14,7 +14,8 @@ from tests.fixture_catalogs import FIXTURES, expectations, found, make_project, 
 
 # Diagnostics that come from loading files rather than from RULES.
 LOADER_IDS = ("YAML-SYNTAX", "TEMPLATE-AMBIGUOUS", "YAML-DUPLICATE-KEY", "CATALOG-SCHEMA", "CATALOG-INCOMPLETE", "CATALOG-SWEEP",
-              "UNKNOWN-PIPELINE", "FACT-MISSING", "FACTS-SCHEMA", "FACTS-NAME", "TEMPLATE-MANIFEST")
+              "UNKNOWN-PIPELINE", "FACT-MISSING", "FACTS-SCHEMA", "FACTS-NAME", "TEMPLATE-MANIFEST",
+              "YAML-ENCODING", "YAML-TAG", "YAML-LIMIT")
 RULE_IDS = tuple(dict.fromkeys(r.id for r in RULES))
 FAIL = [(d.name, f) for d in sorted(FIXTURES.iterdir()) if d.is_dir() for f in sorted(d.glob("fail*.yaml"))]
 PASS = [(d.name, f) for d in sorted(FIXTURES.iterdir()) if d.is_dir() for f in sorted(d.glob("pass*.yaml"))]
