@@ -9,6 +9,7 @@ except an internal error's under ``--debug`` (builder/cli/entry.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 import click
 
 from builder import __version__
+from builder.compile.limits import JOB_LIMITS
 from builder.compile.toolchain import ToolchainError
 from builder.diagnostics import DiagnosticError, Severity, did_you_mean, has_errors, render
 from builder.env import settings
@@ -201,6 +203,20 @@ DIAGNOSTICS_FORMAT = click.option("--format", "fmt", type=FORMATS, default="text
                                   "(json and github list them on stdout; text is the table on stderr)")
 
 
+def _job_limits(seconds: float | None, memory: str | None):
+    from builder.load.catalog import parse_size
+
+    limits = JOB_LIMITS
+    if seconds is not None:
+        limits = dataclasses.replace(limits, seconds=seconds)
+    if memory is not None:
+        try:
+            limits = dataclasses.replace(limits, memory_bytes=parse_size(memory))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--job-memory") from None
+    return limits
+
+
 def _finish(result, seconds: float, check=None, fmt: str = "text") -> None:
     """Print the outcome (``seconds``: the build's wall time) and exit: 1 if a kernel failed or the rebuild differed.
 
@@ -232,6 +248,12 @@ def _finish(result, seconds: float, check=None, fmt: str = "text") -> None:
               help="parallel compile workers (default: one per core, within memory)")
 @click.option("--executor", default="local", show_default=True,
               help="local, ray (join or start a local Ray instance) or ray=ADDRESS")
+@click.option("--job-timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help=f"kill a compile running longer than this: COMPILE-TIMEOUT (default {JOB_LIMITS.seconds:g}; "
+              "local executor)")
+@click.option("--job-memory", default=None, metavar="SIZE",
+              help=f"kill a compile whose worker grows past this resident size, e.g. 4GB: COMPILE-MEMORY "
+              f"(default {JOB_LIMITS.memory_bytes // 10**9}GB; local executor)")
 @click.option("--pipeline", multiple=True, help="build only this pipeline (repeatable)")
 @click.option("--arch", multiple=True, help="build only this target, e.g. sm_90a (repeatable)")
 @click.option("--only", multiple=True, metavar="PATTERN", help="build only kernel ids matching (glob)")
@@ -244,9 +266,13 @@ def _finish(result, seconds: float, check=None, fmt: str = "text") -> None:
 @DIAGNOSTICS_FORMAT
 @ROOT_OPTION
 @click.pass_obj
-def build(root: Path, out_dir, cache_dir, jobs, executor, pipeline, arch, only, shard, allow_partial,
-          check_reproducible, progress, fmt) -> None:
-    """Validate and build the catalog into bundles under artifacts/."""
+def build(root: Path, out_dir, cache_dir, jobs, executor, job_timeout, job_memory, pipeline, arch, only, shard,
+          allow_partial, check_reproducible, progress, fmt) -> None:
+    """Validate and build the catalog into bundles under artifacts/.
+
+    A failed kernel (a compile error, a crash, past --job-timeout or --job-memory) never stops the others;
+    without --allow-partial the previous bundle stays as it was.
+    """
     started = time.monotonic()
     from builder.compile.parallel import ExecutorError, default_jobs, make_executor
     from builder.pipeline.build import BuildRequest
@@ -254,9 +280,10 @@ def build(root: Path, out_dir, cache_dir, jobs, executor, pipeline, arch, only, 
     from builder.pipeline.reproduce import check_reproducible as check
 
     out, cache = _dirs(root, out_dir, cache_dir)
+    limits = _job_limits(job_timeout, job_memory)
     try:
         request = BuildRequest(root=root, out_dir=out, cache_dir=cache,
-                               executor=make_executor(executor, jobs or default_jobs()),
+                               executor=make_executor(executor, jobs or default_jobs(), limits),
                                selection=_selection(pipeline, arch, only, shard), allow_partial=allow_partial,
                                progress=progress)
     except ValueError as exc:

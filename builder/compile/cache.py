@@ -13,8 +13,11 @@ Concurrency model:
   half-written entry. Work is done outside the lock; the lock is held only
   for the check-and-rename (milliseconds).
 * A read verifies ``meta.json`` (its full key must match: the directory name
-  alone is never trusted) and every file's sha256. A corrupt entry is a miss;
-  it is moved to ``<root>/quarantine/`` so the next write can replace it.
+  alone is never trusted) and every file's sha256, and hands out the bytes it
+  verified, never a second read of the files. A corrupt entry is a miss; it
+  is moved to ``<root>/quarantine/`` so the next write can replace it.
+* Two builds missing one entry compile it once: see :mod:`builder.compile.claims`
+  (locks under ``<root>/locks/`` too).
 * Temporary names carry the host and process id, so :meth:`ContentCache.sweep`
   can remove what killed processes of this host left behind without touching
   a live writer's work (the cache may be shared between machines).
@@ -52,9 +55,10 @@ class CacheEntry:
     key: str
     directory: Path
     meta: dict
+    files: Mapping[str, bytes]  # as verified against meta.json, or as written
 
     def read(self, name: str) -> bytes:
-        return (self.directory / name).read_bytes()
+        return self.files[name]
 
 
 class ContentCache:
@@ -128,7 +132,7 @@ class ContentCache:
                     self._quarantine(kind, key, final)
                 os.rename(tmp, final)
                 fsync_dir(final.parent)
-            return CacheEntry(key, final, dict(meta))
+            return CacheEntry(key, final, dict(meta), dict(files))
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -138,10 +142,12 @@ class ContentCache:
             record = json.loads((directory / "meta.json").read_bytes())
             if record.get("key") != key:
                 return None
+            files = {}
             for name, digest in record["files"].items():
-                if hashlib.sha256((directory / name).read_bytes()).hexdigest() != digest:
+                files[name] = (directory / name).read_bytes()
+                if hashlib.sha256(files[name]).hexdigest() != digest:
                     return None
-            return CacheEntry(key, directory, record["meta"])
+            return CacheEntry(key, directory, record["meta"], files)
         except (OSError, ValueError, KeyError, TypeError):
             return None
 

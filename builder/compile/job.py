@@ -51,11 +51,13 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 # Stable ids of the ways a kernel fails after validation, each with its hint
 # (docs/catalog.md, "Diagnostics from the build"). The worker and the pool
-# know the first three; the build process checks each fresh object for the
+# know the first five; the build process checks each fresh object for the
 # others (builder/pipeline/build.py), where the kernel's catalog entry is at hand.
 COMPILE_FAILED = "COMPILE-FAILED"
 COMPILE_CRASHED = "COMPILE-CRASHED"
 COMPILE_NO_WORKERS = "COMPILE-NO-WORKERS"
+COMPILE_TIMEOUT = "COMPILE-TIMEOUT"
+COMPILE_MEMORY = "COMPILE-MEMORY"
 COMPILE_ARCH_DRIFT = "COMPILE-ARCH-DRIFT"
 COMPILE_SMEM_DRIFT = "COMPILE-SMEM-DRIFT"
 TOOLCHAIN_MISMATCH = "TOOLCHAIN-MISMATCH"
@@ -65,6 +67,10 @@ COMPILE_HINTS = {
     COMPILE_CRASHED: "the compile worker crashed or was killed (out of memory?); rerun with fewer jobs (-j) to "
                      "tell memory pressure from a crash inside the compiler",
     COMPILE_NO_WORKERS: "check that `import cutlass.cute` works in this environment",
+    COMPILE_TIMEOUT: "the compile hung or is far slower than every other kernel; raise --job-timeout if it only "
+                     "needs longer, otherwise remove the config from the catalog and report it against the DSL",
+    COMPILE_MEMORY: "the compile needs far more memory than every other kernel; raise --job-memory if the machine "
+                    "has it, otherwise remove the config from the catalog and report it against the DSL",
     COMPILE_ARCH_DRIFT: "the DSL compiled for another target than --gpu-arch asked for; check the target's name "
                         "in catalog/hardware/ against the DSL's arch list",
     COMPILE_SMEM_DRIFT: "fix builder/derive or the template so that the validator's model and the kernel agree",

@@ -7,17 +7,29 @@ cores and to memory: one DSL compile peaks at about 250 MB resident
 (measured 233-256 MB for Hopper and Blackwell GEMMs), so a worker is budgeted
 300 MB of ``MemAvailable``.
 
+The local pool also bounds each job (:class:`Limits`): the build process
+watches every running job's wall time and its worker's resident memory and
+kills a worker past either (COMPILE-TIMEOUT, COMPILE-MEMORY). Workers die
+with the build process (``PR_SET_PDEATHSIG``), so a build killed with
+SIGKILL leaves no worker behind, and keep their temporary files in the
+scratch directory the build gives the executor, which the next build sweeps.
+
 This module never imports the DSL or Ray itself; workers do.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib.util
 import logging
 import multiprocessing
 import os
+import signal
+import sys
 import tempfile
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,16 +37,27 @@ from typing import Iterator, Protocol
 
 from builder.compile.job import (
     COMPILE_CRASHED,
+    COMPILE_MEMORY,
     COMPILE_NO_WORKERS,
+    COMPILE_TIMEOUT,
     CompileFailure,
     CompileJob,
     CompileOutput,
     compile_job,
     prepare_worker,
 )
+from builder.compile.limits import JOB_LIMITS, Limits
 from builder.diagnostics import did_you_mean
 
 WORKER_MEMORY_BYTES = 300 * 2**20
+# How often the build process looks at its running jobs: a job is killed at
+# most this long after passing a limit.
+WATCH_SECONDS = 0.2
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# A worker's resident size grows by about 2.3 MB per compile (292 to 386 MB over
+# 40 sm90a kernels in one process), so workers are replaced after this many jobs
+# (one more DSL import, about 1 s, per 64 compiles) to keep far below --job-memory.
+JOBS_PER_WORKER = 64
 
 Result = CompileOutput | CompileFailure
 
@@ -46,8 +69,10 @@ class ExecutorError(RuntimeError):
 class Executor(Protocol):
     name: str
 
-    def run(self, jobs: list[CompileJob]) -> Iterator[Result]:
-        """Yield one result per job, in completion order."""
+    def run(self, jobs: list[CompileJob], scratch: Path | None = None) -> Iterator[Result]:
+        """Yield one result per job, in completion order. ``scratch``: a directory of this machine
+        for the executor's temporary files, which the build removes (or the next build, if this
+        one is killed); None: the system's temporary directory."""
 
 
 def available_memory() -> int | None:
@@ -79,25 +104,33 @@ class _Broken:
 
 @dataclass
 class LocalExecutor:
-    """Compiles in ``jobs`` spawned worker processes on this machine.
+    """Compiles in ``jobs`` spawned worker processes on this machine, each job within ``limits``.
 
     Even one job runs in a worker process: a compile that kills its process
     (a crash inside MLIR, the OOM killer) must not take the build down. A dead
     worker breaks the pool for every job in it, so each job marks when it
-    starts; the jobs that had started are then rerun one per fresh pool, which
-    names the one that kills its worker, and the jobs that had not started go
-    back to a new shared pool.
+    starts; a job the watchdog killed fails with its limit's id, the other
+    jobs that had started are rerun one per fresh pool, which names the one
+    that kills its worker, and the jobs that had not started go back to a
+    new shared pool.
     """
 
     jobs: int
+    limits: Limits = JOB_LIMITS
     name: str = "local"
 
-    def run(self, jobs: list[CompileJob]) -> Iterator[Result]:
+    def run(self, jobs: list[CompileJob], scratch: Path | None = None) -> Iterator[Result]:
+        with contextlib.ExitStack() as stack:
+            if scratch is None:
+                scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tilekiln-pool-")))
+            yield from self._run(jobs, scratch)
+
+    def _run(self, jobs: list[CompileJob], scratch: Path) -> Iterator[Result]:
         waiting = list(jobs)
         while waiting:
             broken = _Broken()
             finished = 0
-            for result in _pool_run(waiting, self.jobs, broken):
+            for result in _pool_run(waiting, self.jobs, broken, self.limits, scratch):
                 finished += 1
                 yield result
             if broken.waiting and not broken.started and not finished:
@@ -111,7 +144,7 @@ class LocalExecutor:
             waiting = broken.waiting
             for job in broken.started:
                 alone = _Broken()
-                results = list(_pool_run([job], 1, alone))
+                results = list(_pool_run([job], 1, alone, self.limits, scratch))
                 if alone.started or alone.waiting:
                     yield CompileFailure(job.kernel_id, job.arch,
                                          f"the compile worker died while compiling this kernel ({alone.reason}); "
@@ -120,26 +153,90 @@ class LocalExecutor:
                     yield from results
 
 
-def _pool_run(jobs: list[CompileJob], workers: int, broken: _Broken) -> Iterator[Result]:
+def _pool_run(jobs: list[CompileJob], workers: int, broken: _Broken, limits: Limits,
+              scratch: Path) -> Iterator[Result]:
     context = multiprocessing.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="tilekiln-pool-") as marks, \
-            ProcessPoolExecutor(max_workers=max(1, min(workers, len(jobs))), mp_context=context,
-                                initializer=prepare_worker) as pool:
-        pending = {pool.submit(_marked_compile, job, str(Path(marks) / str(i))): (i, job)
+    killed: dict[int, CompileFailure] = {}
+    with tempfile.TemporaryDirectory(prefix="marks-", dir=scratch) as marks_dir, ProcessPoolExecutor(
+            max_workers=max(1, min(workers, len(jobs))), mp_context=context, max_tasks_per_child=JOBS_PER_WORKER,
+            initializer=_start_worker, initargs=(os.getpid(), str(scratch))) as pool:
+        marks = Path(marks_dir)
+        pending = {pool.submit(_marked_compile, job, str(marks / str(i))): (i, job)
                    for i, job in enumerate(jobs)}
         while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            done, _ = wait(pending, timeout=WATCH_SECONDS, return_when=FIRST_COMPLETED)
             for future in done:
                 i, job = pending.pop(future)
                 try:
                     yield future.result()
                 except BrokenProcessPool as exc:
+                    if i in killed:
+                        yield killed[i]
+                        continue
                     broken.reason = str(exc) or type(exc).__name__
-                    (broken.started if (Path(marks) / str(i)).exists() else broken.waiting).append(job)
+                    (broken.started if (marks / str(i)).exists() else broken.waiting).append(job)
+            _watch(pending, marks, limits, killed)
+
+
+def _watch(pending: dict[Future, tuple[int, CompileJob]], marks: Path, limits: Limits,
+           killed: dict[int, CompileFailure]) -> None:
+    """Kill the worker of every running job past a limit, and remember why in ``killed``."""
+    now = time.monotonic()
+    for future, (i, job) in pending.items():
+        if i in killed or future.done():
+            continue
+        try:
+            pid, start = (float(x) for x in (marks / str(i)).read_text().split())
+        except (OSError, ValueError):
+            continue  # not started, or its mark is being written
+        elapsed = now - start
+        resident = _resident_bytes(int(pid))
+        if elapsed > limits.seconds:
+            failure = CompileFailure(
+                job.kernel_id, job.arch, f"the compile ran past the job time limit of {limits.seconds:g} s and was "
+                f"killed after {elapsed:.1f} s", elapsed, COMPILE_TIMEOUT,
+                {"limit_seconds": limits.seconds, "elapsed_seconds": round(elapsed, 1)})
+        elif resident is not None and resident > limits.memory_bytes:
+            failure = CompileFailure(
+                job.kernel_id, job.arch, f"the compile's worker grew to {resident / 10**6:.0f} MB resident, past "
+                f"the job memory limit of {limits.memory_bytes / 10**6:.0f} MB, and was killed after {elapsed:.1f} s",
+                elapsed, COMPILE_MEMORY, {"limit_bytes": limits.memory_bytes, "resident_bytes": resident,
+                                          "elapsed_seconds": round(elapsed, 1)})
+        else:
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+        killed[i] = failure
+
+
+def _resident_bytes(pid: int) -> int | None:
+    """The resident set of process ``pid`` (``VmRSS``), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _start_worker(parent: int, scratch: str) -> None:
+    """Pool initializer: die with the build process, keep temporary files in ``scratch``, import the DSL."""
+    if sys.platform == "linux":
+        # Without this a worker of a build killed with SIGKILL waits forever on the
+        # dead pool's queue (issue 35 counted 42 such processes after 14 kills).
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent:
+            os._exit(1)  # the build died before prctl took effect
+    # The DSL, its compiler and the cubin inspector's tools write temporary files too.
+    os.environ["TMPDIR"] = tempfile.tempdir = scratch
+    prepare_worker()
 
 
 def _marked_compile(job: CompileJob, mark: str) -> Result:
-    Path(mark).touch()
+    Path(mark).write_text(f"{os.getpid()} {time.monotonic()}")
     return compile_job(job)
 
 
@@ -159,7 +256,7 @@ class RayExecutor:
     address: str | None
     name: str = "ray"
 
-    def run(self, jobs: list[CompileJob]) -> Iterator[Result]:
+    def run(self, jobs: list[CompileJob], scratch: Path | None = None) -> Iterator[Result]:
         if not jobs:
             return
         import ray
@@ -190,10 +287,10 @@ def _ray_compile(job: CompileJob) -> Result:
     return compile_job(job)
 
 
-def make_executor(spec: str, jobs: int) -> Executor:
-    """``local`` or ``ray`` or ``ray=ADDRESS``."""
+def make_executor(spec: str, jobs: int, limits: Limits = JOB_LIMITS) -> Executor:
+    """``local`` or ``ray`` or ``ray=ADDRESS``; ``limits`` bound each job of the local executor."""
     if spec == "local":
-        return LocalExecutor(jobs)
+        return LocalExecutor(jobs, limits)
     if spec == "ray" or spec.startswith("ray="):
         if importlib.util.find_spec("ray") is None:
             raise ValueError("--executor ray needs Ray: pip install 'tilekiln-build[ray]'")

@@ -93,7 +93,8 @@ def link_library(bundle: str, kernels: list[LinkInput], output: Path, glibc: tup
     tools = toolchain()
     cc = [*tools.cc, "-target", zig_target(glibc)]
     cflags = [*CFLAGS, f"-I{tools.cuda_include}"]
-    with tempfile.TemporaryDirectory(prefix="tilekiln-link-") as tmp:
+    # Beside the output, in the build's scratch space: the next build sweeps it if this one is killed.
+    with tempfile.TemporaryDirectory(prefix="tilekiln-link-", dir=output.parent) as tmp:
         work = Path(tmp)
         (work / "glue.c").write_text(render_glue(bundle, kernels))
         (work / "exports.map").write_text(EXPORTS_MAP)

@@ -38,7 +38,8 @@ from typing import Mapping
 from builder.check.context import KernelContext
 from builder.check.validate import Project, Validation, validate_project
 from builder.cli.progress import BuildProgress
-from builder.compile.cache import ContentCache, canonical_key
+from builder.compile.cache import CacheEntry, ContentCache, canonical_key
+from builder.compile.claims import Claims
 from builder.compile.cubin import compiled_for
 from builder.compile.job import (
     COMPILE_ARCH_DRIFT,
@@ -223,26 +224,51 @@ def compile_kernels(planned: list[PlannedKernel], cache: ContentCache, request: 
                     label: str) -> list[BuildRecord]:
     """Records of ``planned``, by (arch, id): cache hits, then the misses as the executor finishes them.
 
-    All targets' misses go to the executor in one batch, so its workers stay
-    busy across bundles. Each fresh object goes into the cache as soon as it
-    is checked, so a build killed midway resumes from every kernel it finished.
+    The misses this build can claim (:mod:`builder.compile.claims`) go to the
+    executor in one batch, so its workers stay busy across bundles. Each fresh
+    object goes into the cache as soon as it is checked, so a build killed
+    midway resumes from every kernel it finished. Misses another build is
+    compiling come next: this build waits for that build's claim and finds the
+    object in the cache, or compiles it when that build failed or died.
     """
     records: dict[tuple[str, str], BuildRecord] = {}
-    misses: dict[tuple[str, str], PlannedKernel] = {}
+    misses: list[PlannedKernel] = []
     for p in planned:
         hit = cache.get("kernel", p.key)
         if hit is None:
-            misses[p.arch, p.kernel_id] = p
+            misses.append(p)
         else:
-            records[p.arch, p.kernel_id] = record_from_meta(
-                p.kernel_id, p.arch, "cached", hit.meta["seconds"], hit.meta, ctx=p.ctx, source=p.job.source,
-                key=p.key, object_bytes=hit.read("kernel.o"), cubin=hit.read("kernel.cubin"))
-    with BuildProgress(request.progress, len(planned), label, cached=len(records)) as progress:
-        for result in request.executor.run([p.job for p in misses.values()]):
-            record = _record_from_result(misses[result.arch, result.kernel_id], result, cache)
-            records[record.arch, record.kernel_id] = record
-            progress.advance(record.kernel_id, record.status, record.seconds, bundle_name(record.arch))
+            records[p.arch, p.kernel_id] = _cached(p, hit)
+    with BuildProgress(request.progress, len(planned), label, cached=len(records)) as progress, \
+            Claims(cache.root, "kernel") as claims, cache.scratch("compile") as scratch:
+        todo = misses
+        while todo:
+            mine, todo = claims.take(todo, lambda p: p.key)
+            if not mine:
+                claims.wait(todo[0].key)
+                mine, todo = todo[:1], todo[1:]
+            compile_now = {}
+            for p in mine:
+                # Claimed now, so any entry is complete: a build that held the claim committed it.
+                hit = cache.get("kernel", p.key)
+                if hit is None:
+                    compile_now[p.arch, p.kernel_id] = p
+                    continue
+                claims.release(p.key)
+                record = records[p.arch, p.kernel_id] = _cached(p, hit)
+                progress.advance(record.kernel_id, record.status, record.seconds, bundle_name(record.arch))
+            for result in request.executor.run([p.job for p in compile_now.values()], scratch):
+                p = compile_now[result.arch, result.kernel_id]
+                record = records[p.arch, p.kernel_id] = _record_from_result(p, result, cache)
+                claims.release(p.key)
+                progress.advance(record.kernel_id, record.status, record.seconds, bundle_name(record.arch))
     return [records[k] for k in sorted(records)]
+
+
+def _cached(p: PlannedKernel, hit: CacheEntry) -> BuildRecord:
+    return record_from_meta(p.kernel_id, p.arch, "cached", hit.meta["seconds"], hit.meta, ctx=p.ctx,
+                            source=p.job.source, key=p.key, object_bytes=hit.read("kernel.o"),
+                            cubin=hit.read("kernel.cubin"))
 
 
 def _record_from_result(p: PlannedKernel, result: CompileOutput | CompileFailure,

@@ -31,7 +31,7 @@ class ShardFailures:
     errors: dict[tuple[str, str], CompileFailure]  # (arch, kernel id) -> the shard's failure
     name: str = "shards"
 
-    def run(self, jobs: list[CompileJob]) -> Iterator[CompileFailure]:
+    def run(self, jobs: list[CompileJob], scratch: Path | None = None) -> Iterator[CompileFailure]:
         for job in jobs:
             yield self.errors.get((job.arch, job.kernel_id)) or CompileFailure(
                 job.kernel_id, job.arch, "the merge found no object for this kernel in the shards or the cache", 0.0)

@@ -1,7 +1,7 @@
 """``tilekiln build --check-reproducible``: build again from nothing and compare every artifact.
 
 The second build runs with the same project, selection and executor but an
-empty cache and output directory in a temporary directory, so every kernel
+empty cache and output directory in a scratch directory of the cache, so every kernel
 is compiled and every library linked afresh. Then the sha256 of every file
 of every output the first build wrote (bundle or shard directory) must equal
 the rebuild's; ``build-report.json`` is left out, as it holds timings and
@@ -11,9 +11,9 @@ statuses and is not an artifact.
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 from pathlib import Path
 
+from builder.compile.cache import ContentCache
 from builder.diagnostics import Diagnostic, Location
 from builder.package.publish import tree_digests
 from builder.pipeline.build import BuildRequest, BuildResult, build
@@ -30,8 +30,9 @@ class ReproducibilityCheck:
 
 
 def check_reproducible(request: BuildRequest, first: BuildResult) -> ReproducibilityCheck:
-    with tempfile.TemporaryDirectory(prefix="tilekiln-reproduce-") as tmp:
-        again = build(dataclasses.replace(request, out_dir=Path(tmp) / "out", cache_dir=Path(tmp) / "cache"))
+    # In the cache's scratch space, which the next build sweeps if this one is killed.
+    with ContentCache(request.cache_dir).scratch("reproduce") as tmp:
+        again = build(dataclasses.replace(request, out_dir=tmp / "out", cache_dir=tmp / "cache"))
         compared, problems = 0, []
         for a, b in zip(first.bundles, again.bundles, strict=True):
             if a.path is None:

@@ -68,9 +68,9 @@ class CountingExecutor:
     compiled: list[str] = field(default_factory=list)
     name: str = "counting"
 
-    def run(self, jobs):
+    def run(self, jobs, scratch=None):
         self.compiled.extend(j.kernel_id for j in jobs)
-        yield from self.inner.run(jobs)
+        yield from self.inner.run(jobs, scratch)
 
 
 def copy_project(small: Small, dest: Path) -> Path:
@@ -89,9 +89,9 @@ def run(project: Path, out: Path, cache: Path, executor=None, **kwargs):
                               progress="none", **kwargs))
 
 
-def cli_process(project: Path, out: Path, cache: Path, *args: str) -> subprocess.Popen:
+def cli_process(project: Path, out: Path, cache: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
     """``tilekiln build`` in its own process group (so a test can kill it and its workers)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), **(env or {}))
     cmd = [sys.executable, "-c", "from builder.cli.entry import main; main()", "--root", str(project), "build",
            "--out", str(out), "--cache", str(cache), *args]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -270,6 +270,46 @@ def test_a_failing_compile_is_a_diagnostic_with_its_id_in_the_report_json_and_gi
     assert line.startswith(f"::error file=catalog/gemm/sm90.yaml,line=9,col=5,title=COMPILE-FAILED ({SMALL_ID})::")
 
 
+def test_a_compile_past_its_time_limit_fails_alone_with_its_id_and_partial_keeps_the_rest(small, tmp_path):
+    """The small project with a template that hangs for 64-row tiles: --job-timeout kills that compile,
+    the report names it at its catalog entry with the limit and the time it ran, and --allow-partial
+    writes the bundle of the other kernel."""
+    project = copy_project(small, tmp_path / "project")
+    template = project / "templates" / "sm90_gemm.py.j2"
+    template.write_text(template.read_text().replace(
+        "import cutlass\n", "import cutlass\n{% if cfg.tile.m == 64 %}import time\ntime.sleep(600)\n{% endif %}", 1))
+    out, cache = tmp_path / "out", copy_cache(small, tmp_path / "cache")
+    args = ["--root", str(project), "build", "--out", str(out), "--cache", str(cache), "--progress", "none",
+            "--format", "json", "--job-timeout", "2"]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 1, res.output
+    (d,) = json.loads(res.stdout)
+    assert (d["rule"], d["subject"], d["location"]) == ("COMPILE-TIMEOUT", SMALL_ID, SMALL_AT)
+    assert d["facts"]["arch"] == "sm_90a" and d["facts"]["limit_seconds"] == 2
+    assert 2 <= d["facts"]["elapsed_seconds"] < 10
+    rows = {r["kernel"]: r for r in json.loads((out / "sm90a.build-report.json").read_text())["kernels"]}
+    assert rows[SMALL_ID]["diagnostic"] == d and rows[LARGE_ID]["status"] == "cached"
+    assert not (out / "sm90a").exists(), "without --allow-partial no bundle is written"
+
+    res = CliRunner().invoke(cli, [*args, "--allow-partial"])
+    assert res.exit_code == 1, res.output
+    manifest = json.loads((out / "sm90a" / "manifest.json").read_text())
+    assert [k["id"] for k in manifest["kernels"]] == [LARGE_ID]
+
+
+def test_a_corrupt_cache_entry_is_discarded_and_rebuilt(small, tmp_path):
+    out, cache = tmp_path / "out", copy_cache(small, tmp_path / "cache")
+    (planned,) = build_module.plan(build_module.validated(small.project), Selection(only=(SMALL_ID,)))
+    entry = ContentCache(cache).get("kernel", planned.key)
+    (entry.directory / "kernel.o").write_bytes(b"\0" * len(entry.read("kernel.o")))
+    executor = CountingExecutor()
+    assert run(small.project, out, cache, executor).ok
+    assert executor.compiled == [SMALL_ID]
+    assert tree_digests(out / "sm90a") == small.digests()
+    assert len(list((cache / "quarantine").iterdir())) == 1
+    assert all_entries_valid(cache) == {"kernel": 2, "library": 1}
+
+
 def test_a_kernel_that_failed_in_its_shard_keeps_its_id_through_the_merge(small, tmp_path):
     project = failing_project(small, tmp_path / "project")
     out, cache = tmp_path / "out", copy_cache(small, tmp_path / "cache")
@@ -298,7 +338,7 @@ class Replay:
     changes: dict
     name: str = "replay"
 
-    def run(self, jobs):
+    def run(self, jobs, scratch=None):
         for job in jobs:
             assert (job.kernel_id, job.arch) == (self.output.kernel_id, self.output.arch)
             yield dataclasses.replace(self.output, **self.changes)
@@ -325,7 +365,8 @@ def test_an_object_that_is_not_what_the_build_asked_for_fails_with_its_id(drift,
         changes["toolchain"] = ("another-dsl", "another-cuobjdump")
         facts |= {"worker_toolchain": ["another-dsl", "another-cuobjdump"],
                   "build_toolchain": [build_module.compiler_fingerprint(), build_module.inspector_fingerprint()]}
-    monkeypatch.setattr("builder.compile.parallel.make_executor", lambda spec, jobs: Replay(small_output, changes))
+    monkeypatch.setattr("builder.compile.parallel.make_executor",
+                        lambda spec, jobs, limits: Replay(small_output, changes))
     out, cache = tmp_path / "out", tmp_path / "cache"
     res = CliRunner().invoke(cli, ["--root", str(small.project), "build", "--out", str(out), "--cache", str(cache),
                                    "--only", SMALL_ID, "--progress", "none", "--format", "json"])
@@ -455,16 +496,67 @@ def test_kill_9_at_many_moments_never_leaves_a_partial_bundle(small, tmp_path):
     assert [p.name for p in out.iterdir() if p.name.startswith(".") and p.name != ".locks"] == []
 
 
-def test_two_builds_sharing_cache_and_output_at_once(small, tmp_path):
+def _compiled(stderr: str) -> int:
+    """How many kernels a ``tilekiln build`` compiled, from its closing line."""
+    if re.search(r"^\d+ kernels, all cached;", stderr, re.M):
+        return 0
+    return int(re.search(r"^\d+ kernels: (\d+) compiled,", stderr, re.M).group(1))
+
+
+def test_three_builds_sharing_cache_and_output_compile_each_kernel_once(small, tmp_path):
     out, cache = tmp_path / "out", tmp_path / "cache"
-    procs = [cli_process(small.project, out, cache, "-j", "1", "--progress", "none") for _ in range(2)]
+    procs = [cli_process(small.project, out, cache, "-j", "1", "--progress", "none") for _ in range(3)]
+    compiled = 0
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
+        compiled += _compiled(err)
+    assert compiled == 2, "each of the two kernels is compiled by one build; the others wait for its entry"
     assert tree_digests(out / "sm90a") == small.digests()
     assert all_entries_valid(cache) == {"kernel": 2, "library": 1}
     assert not list((cache / "tmp").iterdir())
     assert sorted(p.name for p in out.iterdir()) == [".locks", "sm90a"]
+
+
+def _live_group(pgid: int) -> list[str]:
+    """Command lines of the processes of group ``pgid`` that are not zombies."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                found.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def test_workers_of_a_build_killed_with_sigkill_exit_and_its_temporary_files_are_swept(small, tmp_path):
+    """SIGKILL to the build process alone (not its group): its compile workers exit at once, and
+    everything it had in flight lies under the cache's tmp/, which the next build empties."""
+    out, cache, temp = tmp_path / "out", tmp_path / "cache", tmp_path / "system-tmp"
+    temp.mkdir()
+    proc = cli_process(small.project, out, cache, "-j", "2", "--progress", "plain", env={"TMPDIR": str(temp)})
+    try:
+        deadline = time.monotonic() + 120
+        while sum("spawn_main" in c for c in _live_group(proc.pid)) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "the build never started its workers"
+            time.sleep(0.05)
+        time.sleep(1.5)  # into the DSL import or the compiles
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while _live_group(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survivors = _live_group(proc.pid)
+    if survivors:
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert survivors == [], "a worker outlived its build"
+    assert list((cache / "tmp").iterdir()), "the killed build's scratch is left in the cache's tmp/"
+    assert list(temp.iterdir()) == [], "nothing of the killed build is left in the system's temporary directory"
+    assert run(small.project, out, cache).ok
+    assert not list((cache / "tmp").iterdir()), "the next build sweeps it"
 
 
 # -- reproducibility, shards, Ray --------------------------------------------------------------

@@ -1,10 +1,13 @@
-"""The local pool keeps going when a compile kills its worker process."""
+"""The local pool keeps going when a compile kills its worker, hangs or grows past its limits."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
 from builder.compile.job import CompileFailure, CompileJob
+from builder.compile.limits import Limits
 from builder.compile.parallel import LocalExecutor
 
 pytestmark = pytest.mark.compile
@@ -24,3 +27,32 @@ def test_a_kernel_that_kills_its_worker_fails_alone():
         assert f"ValueError: bad kernel {name}" in results[f"raises_{name}"].message
         assert results[f"raises_{name}"].rule == "COMPILE-FAILED"
         assert results[f"raises_{name}"].facts == {"exception": "ValueError"}
+
+
+# Jobs whose rendered source, when the worker imports it, hangs or grows without bound.
+HANGS = "import time\ntime.sleep(600)\n"
+GROWS = ("import time\nheld = []\nfor _ in range(80):\n    held.append(b'x' * 50_000_000)\n    time.sleep(0.05)\n"
+         "time.sleep(600)\n")
+
+
+def test_a_job_past_its_time_or_memory_limit_is_killed_and_fails_alone():
+    limits = Limits(seconds=3, memory_bytes=1_500_000_000)
+    jobs = [CompileJob("hangs", "sm_90a", HANGS), CompileJob("grows", "sm_90a", GROWS),
+            CompileJob("raises", "sm_90a", "raise ValueError('bad kernel')\n")]
+    start = time.monotonic()
+    results = {r.kernel_id: r for r in LocalExecutor(2, limits).run(jobs)}
+    assert time.monotonic() - start < 60, "the limits, not the jobs, end the run"
+    assert sorted(results) == ["grows", "hangs", "raises"]
+    hangs, grows = results["hangs"], results["grows"]
+    assert hangs.rule == "COMPILE-TIMEOUT" and hangs.facts["limit_seconds"] == 3
+    assert 3 <= hangs.facts["elapsed_seconds"] < 10
+    assert grows.rule == "COMPILE-MEMORY" and grows.facts["limit_bytes"] == 1_500_000_000
+    assert grows.facts["resident_bytes"] > 1_500_000_000 and grows.facts["elapsed_seconds"] < 10
+    assert results["raises"].rule == "COMPILE-FAILED"
+
+
+def test_a_worker_keeps_its_temporary_files_in_the_scratch_directory(tmp_path):
+    source = "import tempfile\nraise ValueError(tempfile.mkdtemp(prefix='dsl-'))\n"
+    (result,) = LocalExecutor(1).run([CompileJob("temp", "sm_90a", source)], tmp_path)
+    made = result.message.rsplit("ValueError: ", 1)[1]
+    assert made.startswith(str(tmp_path)), result.message

@@ -14,6 +14,7 @@ import pytest
 
 import builder.pipeline.build as build_module
 from builder.compile.cache import ContentCache, canonical_key
+from builder.compile.claims import Claims
 from builder.compile.job import CompileJob
 from builder.compile.objfile import EntryPoints
 from builder.compile.records import BuildRecord
@@ -116,6 +117,46 @@ def test_an_entry_under_the_wrong_key_is_a_miss(tmp_path):
     moved = entry.directory.parent / ("ac" * 32)
     entry.directory.rename(moved)
     assert cache.get("kernel", "ac" * 32) is None
+
+
+def test_a_hit_hands_out_the_bytes_it_verified(tmp_path):
+    """A file changed on disk after the check is never what a build reads."""
+    cache = ContentCache(tmp_path)
+    cache.put("kernel", "ab" * 32, {"kernel.o": b"obj"}, {})
+    hit = cache.get("kernel", "ab" * 32)
+    (hit.directory / "kernel.o").write_bytes(b"swapped")
+    assert hit.read("kernel.o") == b"obj"
+
+
+CLAIM_SCRIPT = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from builder.compile.claims import Claims
+claims = Claims(Path(sys.argv[2]), "kernel")
+claimed, _ = claims.take(["k1", "k2"], str)
+print(" ".join(claimed), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_claim_of_a_killed_build_is_released_and_claims_are_taken_once(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", CLAIM_SCRIPT, str(REPO), str(tmp_path)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().split() == ["k1", "k2"]
+        with Claims(tmp_path, "kernel") as claims:
+            assert claims.take(["k1", "k2", "k3", "k3"], str) == (["k3"], ["k1", "k2", "k3"])
+            holder.kill()
+            start = time.monotonic()
+            claims.wait("k1")
+            assert time.monotonic() - start < 5, "the OS releases a dead holder's claim"
+            assert claims.take(["k2"], str) == (["k2"], [])
+        with Claims(tmp_path, "kernel") as again:
+            assert again.take(["k1", "k2", "k3"], str) == (["k1", "k2", "k3"], []), "leaving releases them all"
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 PUT_SCRIPT = """
