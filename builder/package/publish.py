@@ -30,6 +30,7 @@ from filelock import FileLock
 from builder.fsutil import remove_path
 from builder.package.bundle import BundleFile, manifest_bytes, swap_into_place
 from tilekiln._files import write_atomic, write_synced
+from tilekiln.bundle_files import SIGNATURE_NAME
 from tilekiln.manifest import MANIFEST_NAME
 
 REPORT_NAME = "build-report.json"
@@ -99,7 +100,9 @@ def bundle_is_current(final: Path, files: list[BundleFile], manifest: dict) -> b
 
     The manifest on disk must be the one it would write (same content, same
     bytes) and list exactly ``files``, and every file on disk must hash to
-    its listed sha256 with nothing else in the tree.
+    its listed sha256 with nothing else in the tree but a ``signature.json``:
+    it signs the manifest's bytes, which are unchanged, so a no-op rebuild of a
+    signed bundle keeps its signature.
     """
     try:
         raw = (final / MANIFEST_NAME).read_bytes()
@@ -114,7 +117,9 @@ def bundle_is_current(final: Path, files: list[BundleFile], manifest: dict) -> b
         return False
     if raw != manifest_bytes(existing):
         return False
-    return tree_digests(final) == {**wanted_files, MANIFEST_NAME: _sha256(raw)}
+    on_disk = tree_digests(final) or {}
+    on_disk.pop(SIGNATURE_NAME, None)
+    return on_disk == {**wanted_files, MANIFEST_NAME: _sha256(raw)}
 
 
 def tree_digests(directory: Path) -> dict[str, str] | None:

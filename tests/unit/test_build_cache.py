@@ -22,6 +22,7 @@ from builder.package.bundle import BundleFile, write_bundle
 from builder.package.publish import REPORT_NAME, bundle_is_current, publish_tree, remove_leftovers, tree_digests
 from builder.pipeline.build import object_key
 from builder.pipeline.reproduce import compare_trees
+from tilekiln.bundle_files import SIGNATURE_NAME
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = CompileJob("k", "sm_90a", "SOURCE = 1\n")
@@ -222,6 +223,17 @@ def test_bundle_is_current_only_for_identical_content(tmp_path):
     (final / "stray").write_bytes(b"")
     assert not bundle_is_current(final, files, manifest)
     assert not bundle_is_current(tmp_path / "absent", files, manifest)
+
+
+def test_a_signed_bundle_stays_current_and_keeps_its_signature(tmp_path):
+    """signature.json signs the manifest's bytes: a rebuild that would write the same bundle
+    leaves it, signature included (a rewrite would drop it); a changed bundle is rewritten."""
+    files = [BundleFile("lib/x.so", b"lib")]
+    manifest = {"schema_version": "1.0", "kernels": [{"id": "a", "tile": [1, 2, 3]}]}
+    final = _bundle(tmp_path, files, manifest)
+    (final / SIGNATURE_NAME).write_text("{}")
+    assert bundle_is_current(final, files, manifest)
+    assert not bundle_is_current(final, files, {**manifest, "kernels": []})
 
 
 def test_publish_tree_rewrites_only_what_changed_and_clears_leftovers(tmp_path):
