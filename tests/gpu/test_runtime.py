@@ -12,8 +12,6 @@ pytestmark = pytest.mark.gpu
 FUZZ_CALLS = 1000
 
 
-
-
 def _operand(torch, rows, cols, dtype, transposed, batch, gen, extra):
     """A (batch,) rows x cols operand; transposed views and padded leading dims (multiples of 8)."""
     inner, outer = (rows, cols) if transposed else (cols, rows)
@@ -85,6 +83,39 @@ def test_documented_errors_leave_the_device_usable(bundle, torch):
     out = bundle.gemm(a, a)
     torch.cuda.synchronize()
     assert torch.allclose(out.float(), (a.float() @ a.float()), rtol=2e-2, atol=2e-1)
+
+
+def test_extents_past_int32_are_refused_before_launch(bundle, torch):
+    """The plan block holds M, N, K and L as int32: a larger extent is refused on the host, and the
+    next call runs. Zero-stride views stand in for operands too large to allocate."""
+    bf = torch.bfloat16
+    a = torch.randn(64, 64, device="cuda", dtype=bf)
+    wide = torch.zeros(64, 1, device="cuda", dtype=bf).expand(64, 2**31)
+    with pytest.raises(ValueError):
+        bundle.gemm(wide, torch.zeros(1, 64, device="cuda", dtype=bf).expand(2**31, 64))
+    out = bundle.gemm(a, a)
+    torch.cuda.synchronize()
+    assert torch.allclose(out.float(), a.float() @ a.float(), rtol=2e-2, atol=2e-1)
+
+
+def test_operands_freed_right_after_the_call_are_read_before_reuse(bundle, torch):
+    """Inputs whose last reference dies as the call returns, while the stream is still busy with
+    earlier work, are read by the kernel before the caching allocator hands their memory to the
+    NaN-filled tensors allocated next: the launch is enqueued on the allocating stream."""
+    bf = torch.bfloat16
+    results = []
+    torch.cuda._sleep(100_000_000)  # about 50 ms of queued work ahead of every launch below
+    for _ in range(8):
+        a = torch.randn(256, 256, device="cuda", dtype=bf)
+        b = torch.randn(256, 256, device="cuda", dtype=bf)
+        reference = a.double() @ b.double()
+        results.append((bundle.gemm(a, b), reference))
+        del a, b
+        torch.full((256, 256), float("nan"), device="cuda", dtype=bf)
+        torch.full((256, 256), float("nan"), device="cuda", dtype=bf)
+    torch.cuda.synchronize()
+    for out, reference in results:
+        assert ((out.double() - reference).norm() / reference.norm()).item() < 1e-2
 
 
 def test_eight_threads_launch_concurrently(bundle, torch):
