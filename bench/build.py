@@ -26,13 +26,14 @@ import datetime
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from project import scratch_project  # bench/project.py, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
 TILES = ([128, 128, 64], [128, 256, 64], [64, 128, 64], [64, 256, 64])
@@ -53,15 +54,6 @@ def catalog_text(swizzle_of_first: int = 1) -> str:
                     lines.append(f"    swizzle: {swizzle_of_first}")
                     first = False
     return "\n".join(lines) + "\n"
-
-
-def make_project(base: Path) -> Path:
-    for name in ("catalog", "templates"):
-        shutil.copytree(ROOT / name, base / name)
-    for old in (base / "catalog" / "gemm").glob("*.yaml"):
-        old.unlink()
-    (base / "catalog" / "gemm" / "sm90.yaml").write_text(catalog_text())
-    return base
 
 
 def tilekiln(project: Path, out: Path, cache: Path, *args: str) -> tuple[float, dict]:
@@ -93,7 +85,7 @@ def main() -> None:
     results: dict[str, object] = {}
     with tempfile.TemporaryDirectory(prefix="tilekiln-bench-") as tmp:
         base = Path(tmp)
-        project = make_project(base / "project")
+        project = scratch_project(base / "project", catalog_text())
         cold: dict[int, list[float]] = {1: [], 2: []}
         compile_seconds: dict[int, list[float]] = {1: [], 2: []}  # summed over kernels, as workers report them
         for attempt in range(args.cold_repeats):  # interleaved, so machine noise hits both alike

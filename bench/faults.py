@@ -62,6 +62,7 @@ sys.path.insert(0, str(ROOT))
 from builder.compile.cache import ContentCache  # noqa: E402
 from builder.package.artifact import open_artifact  # noqa: E402
 from builder.pipeline.build import Selection, plan, validated  # noqa: E402
+from project import scratch_project  # noqa: E402  (bench/project.py, beside this script)
 
 TILES = ([128, 128, 64], [64, 128, 64])
 CLUSTERS = ([1, 1], [2, 1])
@@ -78,18 +79,9 @@ def catalog_text() -> str:
     return "\n".join(lines) + "\n"
 
 
-def make_project(base: Path) -> Path:
-    for name in ("catalog", "templates"):
-        shutil.copytree(ROOT / name, base / name)
-    for old in (base / "catalog" / "gemm").glob("*.yaml"):
-        old.unlink()
-    (base / "catalog" / "gemm" / "sm90.yaml").write_text(catalog_text())
-    return base
-
-
 class Campaign:
     def __init__(self, base: Path, rng: random.Random):
-        self.project = make_project(base / "project")
+        self.project = scratch_project(base / "project", catalog_text())
         self.out, self.cache, self.temp = base / "out", base / "cache", base / "tmp"
         self.temp.mkdir()
         self.rng = rng
