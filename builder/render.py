@@ -16,7 +16,7 @@ from pathlib import Path
 import jinja2
 
 from builder.check.context import KernelContext
-from tilekiln.spec import FAMILIES
+from tilekiln.spec import BLOCK_EXTENTS, BLOCKWISE_BLOCK, FAMILIES
 
 
 @dataclass(frozen=True)
@@ -43,13 +43,16 @@ def _environment(directory: str) -> jinja2.Environment:
 def template_context(ctx: KernelContext) -> dict[str, object]:
     """The template variables: the kernel's config (``cfg``, every field of tilekiln/spec.py's
     KernelConfig), the plan the validator checked (``plan``), its family's arguments
-    (``family``), and the one fact value a template embeds."""
+    (``family``), the blockwise scale block and the extents counted in it (``block``,
+    ``block_extents``), and the one fact value a template embeds."""
     cfg = ctx.entry.config
     return {
         "kernel_id": ctx.entry.kernel_id,
         "cfg": cfg,
         "plan": ctx.plan,
         "family": FAMILIES[cfg.family],
+        "block": BLOCKWISE_BLOCK,
+        "block_extents": tuple(BLOCK_EXTENTS),
         # Read only by kernels that hint a load, so a pipeline without the fact builds the rest.
         "evict_first_policy": hex(ctx.facts.require("tma_cache_policy_evict_first")) if cfg.evict_first else "0",
     }

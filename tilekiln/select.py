@@ -189,9 +189,15 @@ def choose(kernels: tuple[KernelRecord, ...], problem: GemmProblem, sm_count: in
 def choose_fused(choose_for: Callable[[GemmProblem], Choice], problem: GemmProblem
                  ) -> tuple[Choice, tuple[tuple[str, object], ...]]:
     """The choice for ``problem`` and what of its requested epilogue no kernel computes: where no
-    kernel accepts the problem as requested, the plain problem's choice, and every requested field
-    is left to the caller (applied by torch after the kernel) rather than dropped."""
+    kernel accepts the problem as requested, the choice without the fields torch can apply after the
+    kernel (FieldSpec.applied_after), which are left to the caller rather than dropped."""
     choice = choose_for(problem)
     if choice.kernel is not None or not problem.requested:
         return choice, ()
-    return choose_for(replace(problem, requested=())), problem.requested
+    # What only a kernel computes (FieldSpec.applied_after False, e.g. blockwise scaling) stays asked.
+    after = {f.name for f, s in requested_fields() if s.applied_after}
+    kept = tuple((name, value) for name, value in problem.requested if name not in after)
+    left = tuple((name, value) for name, value in problem.requested if name in after)
+    if not left:
+        return choice, ()
+    return choose_for(replace(problem, requested=kept)), left

@@ -114,6 +114,20 @@ class Activation(str, enum.Enum):
     GELU_ERF = "geluerf"
 
 
+class Scaling(str, enum.Enum):
+    """How an 8-bit float GEMM's scales apply. tensor: one float32 factor per operand, applied to
+    the accumulator in the epilogue (torch._scaled_mm's per-tensor mode). blockwise: a float32
+    factor per row of A and 128 elements of K, and per 128x128 block of B (the DeepSeek-V3 recipe);
+    each 128-wide K block's partial sum is scaled and added into an fp32 accumulator in registers."""
+
+    TENSOR = "tensor"
+    BLOCKWISE = "blockwise"
+
+
+# Elements of K (and of B's N) one blockwise scale covers; the tile K of a blockwise kernel.
+BLOCKWISE_BLOCK = 128
+
+
 class Operand(str, enum.Enum):
     """A GEMM input in the problem's terms: A (M x K) or B (K x N)."""
 
@@ -438,6 +452,9 @@ class FieldSpec:
     selection_view: Callable[[Any], Any] | None = None
     support: tuple[str, str] | None = None  # (supports key, "values" | "flag")
     requested: bool = False  # the call asks for a value; a kernel runs the call only with exactly that one
+    # A requested value no kernel computes is applied by torch after a kernel without it (an
+    # epilogue); False: only a kernel with exactly the value can run the call.
+    applied_after: bool = True
 
 
 def _field(codec: Codec, description: str, default: Any = dataclasses.MISSING, **spec: Any):
@@ -480,6 +497,9 @@ class KernelConfig:
                             support=("cta_groups", "values"))
     block_scale: BlockScale | None = _field(BlockScaleCodec(), "block-scaled operands: scale type and block", None,
                                             selection=True, support=("block_scales", "values"))
+    scaling: Scaling = _field(EnumCodec(Scaling), "how an fp8 GEMM's scales apply: per tensor or per block",
+                              Scaling.TENSOR, selection=True, support=("scalings", "values"), requested=True,
+                              applied_after=False)
     activation: Activation = _field(EnumCodec(Activation), "the epilogue's elementwise function of the accumulator",
                                     Activation.NONE, selection=True, support=("activations", "values"),
                                     requested=True)
@@ -640,15 +660,25 @@ class TensorArg:
 
 @dataclass(frozen=True)
 class ScaleArg:
-    """A float32 scalar in device memory, passed as a one-element tensor (a per-tensor scale)."""
+    """An operand's float32 scales in device memory. Per-tensor (Scaling.TENSOR): one element, its
+    pointer in the call block. Blockwise: a strided matrix batch of per-block factors whose
+    extents ``blocks`` name the problem's extents or :data:`BLOCK_EXTENTS`; dimension ``unit`` (0
+    or 1) is the contiguous one, and the other two strides (elements) go in the plan block."""
 
     name: str
+    blocks: tuple[str, str, str]
+    unit: int
+
+
+# Extents counted in blockwise scale blocks: the problem extent each divides, rounded up.
+BLOCK_EXTENTS = {"kb": "k", "nb": "n"}
 
 
 @dataclass(frozen=True)
 class Family:
     """A kernel family's launch: ``tensors``, then ``scales``, then the resident cluster count
-    (an int32 the runtime computes per device) and the stream, in that order."""
+    (an int32 the runtime computes per device) and the stream, in that order. A kernel's
+    ``scaling`` decides how its scales are passed (:class:`ScaleArg`)."""
 
     name: str
     extents: tuple[str, ...]  # the problem extents, int32 each in the plan block
@@ -662,10 +692,11 @@ class Family:
 
     @property
     def plan_format(self) -> str:
-        """struct format of the plan block (tk_plan_<family>_t): each tensor's (lead, batch) strides, the
-        extents, the resident clusters, the device ordinal, the kernel index, padding to 8 bytes."""
+        """struct format of the plan block (tk_plan_<family>_t): each tensor's (lead, batch) strides, each
+        scale's two non-unit strides (blockwise; zeros for per-tensor scales), the extents, the
+        resident clusters, the device ordinal, the kernel index, padding to 8 bytes."""
         ints = len(self.extents) + 3
-        return "<" + "q" * (2 * len(self.tensors)) + "i" * (ints + ints % 2)
+        return "<" + "q" * (2 * len(self.tensors) + 2 * len(self.scales)) + "i" * (ints + ints % 2)
 
     @property
     def call_format(self) -> str:
@@ -689,7 +720,9 @@ FAMILIES: dict[str, Family] = {
         "gemm", extents=("m", "n", "k", "l"),
         tensors=(TensorArg("a", ("m", "k", "l"), "a"), TensorArg("b", ("n", "k", "l"), "b"),
                  TensorArg("c", ("m", "n", "l"))),
-        scales=(ScaleArg("scale_a"), ScaleArg("scale_b")),
+        # Blockwise: scale_a (M, K/128) M-major, one per row and 128 K; scale_b (ceil(N/128), K/128)
+        # K-contiguous, one per 128x128 block of B (docs/runtime.md).
+        scales=(ScaleArg("scale_a", ("m", "kb", "l"), 0), ScaleArg("scale_b", ("nb", "kb", "l"), 1)),
     ),
 }
 

@@ -30,7 +30,7 @@ import jinja2
 from builder.compile.objfile import EntryPoints
 from builder.compile.toolchain import toolchain
 from tilekiln.manifest import ABI_VERSION
-from tilekiln.spec import FAMILIES
+from tilekiln.spec import BLOCK_EXTENTS, BLOCKWISE_BLOCK, FAMILIES, Scaling
 
 LINK_DIR = Path(__file__).resolve().parents[2] / "templates" / "link"
 # -g0: zig's clang emits DWARF by default, which names the directory it ran in.
@@ -58,6 +58,7 @@ class LinkInput:
     family: str
     object_bytes: bytes
     entry: EntryPoints
+    scaling: Scaling = Scaling.TENSOR
 
 
 class LinkError(RuntimeError):
@@ -69,9 +70,11 @@ def render_glue(bundle: str, kernels: list[LinkInput]) -> str:
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
     families = sorted({k.family for k in kernels})
     rows = [{"id": k.kernel_id, "family": families.index(k.family), "init": k.entry.init,
-             "load": k.entry.load_to_device, "launch": k.entry.launch} for k in kernels]
+             "load": k.entry.load_to_device, "launch": k.entry.launch,
+             "blockwise": int(k.scaling is Scaling.BLOCKWISE)} for k in kernels]
     return env.get_template("glue.c.j2").render(bundle=bundle, abi_version=ABI_VERSION, kernels=rows,
-                                                families=[FAMILIES[f] for f in families])
+                                                families=[FAMILIES[f] for f in families],
+                                                block_extents=BLOCK_EXTENTS, block=BLOCKWISE_BLOCK)
 
 
 def link_recipe() -> dict[str, object]:

@@ -377,7 +377,7 @@ def glibc_target(root: Path, validation: Validation) -> GlibcTarget:
 
 def link_cached(bundle: str, records: list[BuildRecord], cache: ContentCache, glibc: tuple[int, int]) -> bytes:
     """The bundle's library, keyed by every link input: glue, objects, shim, flags, glibc target and toolchain."""
-    inputs = [LinkInput(r.kernel_id, r.ctx.entry.config.family, r.object_bytes, r.entry) for r in records]
+    inputs = [LinkInput(r.kernel_id, r.ctx.entry.config.family, r.object_bytes, r.entry, r.ctx.entry.config.scaling) for r in records]
     key = canonical_key({"kind": "library", "glue": render_glue(bundle, inputs), "recipe": link_recipe(),
                          "objects": [hashlib.sha256(r.object_bytes).hexdigest() for r in records],
                          "glibc": list(glibc), "toolchain": toolchain().fingerprint, "bundle": bundle})

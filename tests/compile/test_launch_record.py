@@ -94,7 +94,7 @@ def link_recording_library(bundle: BundleResult, out: Path) -> Path:
     tools = toolchain()
     work = out / bundle.bundle
     work.mkdir(parents=True)
-    kernels = [LinkInput(r.kernel_id, r.ctx.entry.config.family, r.object_bytes, r.entry) for r in bundle.records]
+    kernels = [LinkInput(r.kernel_id, r.ctx.entry.config.family, r.object_bytes, r.entry, r.ctx.entry.config.scaling) for r in bundle.records]
     (work / "glue.c").write_text(render_glue(bundle.bundle, kernels))
     objects = []
     for i, k in enumerate(kernels):

@@ -8,6 +8,7 @@ from builder.check.context import KernelContext
 from builder.check.derive import Sm90Plan, Tcgen05Plan
 from builder.check.rules.registry import rule
 from builder.diagnostics import Diagnostic, Severity
+from tilekiln.spec import Scaling
 
 
 def _breakdown(ctx: KernelContext) -> str:
@@ -138,11 +139,22 @@ def check_registers(ctx: KernelContext) -> Iterator[Diagnostic]:
     # the epilogue fragment; 64 is what the 128x256 tile leaves (232 - 128)
     # and still compiles without spills.
     headroom = 64
-    if plan.acc_regs_per_thread + headroom > plan.consumer_regs:
-        yield ctx.diag("REGISTER-BUDGET", "tile", f"{plan.acc_regs_per_thread} accumulator registers per thread "
-                       f"plus {headroom} working registers exceed the {plan.consumer_regs} a consumer thread gets",
-                       "use a smaller tile M x N", acc_regs=plan.acc_regs_per_thread, headroom_regs=headroom,
-                       consumer_regs=plan.consumer_regs)
+    # Blockwise scaling holds the main accumulator and two partial sums (one block's WGMMAs
+    # write one while the other is promoted).
+    sets = 3 if ctx.entry.config.scaling is Scaling.BLOCKWISE else 1
+    if sets > 1:
+        # The blockwise 128x128 cooperative kernel's consumers use R0-R219 of 232, 192 of them
+        # accumulators, with no spills (nvidia-cutlass-dsl 4.8.1): the promotion loop needs less
+        # around it than the epilogue of a large single-accumulator tile.
+        headroom = 40
+    held = sets * plan.acc_regs_per_thread
+    if held + headroom > plan.consumer_regs:
+        what = (f"{held} accumulator registers per thread (the main accumulator and two partial sums of "
+                f"{plan.acc_regs_per_thread} each, blockwise scaling)" if sets > 1
+                else f"{held} accumulator registers per thread")
+        yield ctx.diag("REGISTER-BUDGET", "tile", f"{what} plus {headroom} working registers exceed the "
+                       f"{plan.consumer_regs} a consumer thread gets", "use a smaller tile M x N", acc_regs=held,
+                       headroom_regs=headroom, consumer_regs=plan.consumer_regs, accumulator_sets=sets)
     for name, regs in (("producer", plan.producer_regs), ("consumer", plan.consumer_regs)):
         if regs not in rng:
             yield ctx.diag("REGISTER-BUDGET", None, f"{name} register count {regs} is not a legal setmaxnreg "

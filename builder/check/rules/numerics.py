@@ -7,6 +7,7 @@ from typing import Iterator
 from builder.check.context import KernelContext
 from builder.check.rules.registry import rule
 from builder.diagnostics import Diagnostic, did_you_mean
+from tilekiln.spec import BLOCKWISE_BLOCK, Scaling
 
 
 @rule("TARGET-ARCH", "every target of a config is a compile target of its pipeline")
@@ -129,3 +130,28 @@ def check_swizzle(ctx: KernelContext) -> Iterator[Diagnostic]:
     if s & (s - 1) or s > 16:
         yield ctx.diag("SWIZZLE", "swizzle", f"swizzle {s} is not a power of two up to 16", "use 1, 2, 4, 8 or 16",
                        swizzle=s, max_swizzle=16)
+
+
+@rule("BLOCKWISE", "a blockwise-scaled kernel multiplies e4m3 operands, one 128-wide scale block per tile K")
+def check_blockwise(ctx: KernelContext) -> Iterator[Diagnostic]:
+    cfg = ctx.entry.config
+    if cfg.scaling is not Scaling.BLOCKWISE:
+        return
+    d, block = cfg.dtypes, BLOCKWISE_BLOCK
+    if (d.a.value, d.b.value, d.acc.value, d.c.value) != ("e4m3", "e4m3", "f32", "bf16"):
+        yield ctx.diag("BLOCKWISE", "dtypes", f"blockwise scaling takes e4m3 x e4m3 accumulating in f32 with bf16 "
+                       f"output (the DeepSeek-V3 recipe), not {'/'.join(d.tokens)}",
+                       "use dtypes {a: e4m3, b: e4m3, acc: f32, c: bf16}", dtypes=list(d.tokens))
+    if cfg.tile.k != block:
+        yield ctx.diag("BLOCKWISE", "tile", f"tile K {cfg.tile.k} is not the scale block of {block}: each pipeline "
+                       "stage's partial sum is promoted with one K block's scales",
+                       f"use tile K {block}", tile_k=cfg.tile.k, scale_block=block)
+    if block % cfg.tile.n:
+        yield ctx.diag("BLOCKWISE", "tile", f"tile N {cfg.tile.n} does not divide the scale block of {block}, so "
+                       "a tile would straddle two B scale blocks", "use tile N 64 or 128",
+                       tile_n=cfg.tile.n, scale_block=block)
+    if cfg.layout.code != "tn" or cfg.swap_ab:
+        yield ctx.diag("BLOCKWISE", "layout" if cfg.layout.code != "tn" else "swap_ab",
+                       f"blockwise scaling reads A (M, K) and B (N, K) both K-major, unswapped; got layout "
+                       f"{cfg.layout.code}{' with swap_ab' if cfg.swap_ab else ''}",
+                       "use layout tn without swap_ab", layout=cfg.layout.code, swap_ab=cfg.swap_ab)
