@@ -19,7 +19,7 @@ from tilekiln.errors import (BundleCompatibilityError, BundleError, BundleIntegr
                              NoKernelError, TilekilnError)
 
 __version__ = "0.2.0"
-__all__ = ["load", "bundles", "gemm", "linear", "scaled_gemm", "explain", "Bundle", "TilekilnError", "BundleError",
+__all__ = ["load", "bundles", "gemm", "linear", "scaled_gemm", "quantize_fp8_blockwise", "explain", "Bundle", "TilekilnError", "BundleError",
            "BundleIntegrityError", "BundleCompatibilityError", "NoKernelError", "LaunchError"]
 
 
@@ -140,14 +140,30 @@ def linear(x, weight, bias=None, *, activation=None, residual=None, out=None, bu
     return fast.linear(bundle, x, weight, bias, activation, residual, out)
 
 
-def scaled_gemm(a, b, scale_a, scale_b, *, out_dtype=None, out=None, bundle=None, stream=None):
-    """fp8 ``(a @ b) * scale_a * scale_b`` with per-tensor (one-element float32) scales and bf16 output by
-    default: ``torch._scaled_mm``'s per-tensor mode. Takes torch tensors."""
+def scaled_gemm(a, b, scale_a, scale_b, *, out_dtype=None, out=None, bundle=None, stream=None,
+                scale_format="tensor"):
+    """fp8 ``(a @ b) * scale_a * scale_b`` with bf16 output by default. Takes torch tensors.
+
+    ``scale_format="tensor"``: per-tensor (one-element float32) scales, ``torch._scaled_mm``'s
+    per-tensor mode. ``"blockwise"``: e4m3 ``a`` (M, K) row-major and ``b`` (K, N) K-major (an
+    nn.Linear weight's ``.t()``), K a multiple of 128; ``scale_a`` float32 (M, K/128) M-major, one
+    per row and 128 K, and ``scale_b`` float32 (ceil(N/128), K/128) with K/128 contiguous, one per
+    128x128 block; :func:`quantize_fp8_blockwise` makes both (docs/runtime.md)."""
     fast = _torch_operands(a, b)
     if fast is None:
         raise TypeError("scaled_gemm takes torch tensors (a and b); the operands given are "
                         f"{type(a).__name__} and {type(b).__name__}")
-    return fast.scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream)
+    return fast.scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream, None, scale_format)
+
+
+def quantize_fp8_blockwise(x, block=(1, 128), *, power_of_two=False):
+    """``(x_fp8, scales)``: ``x`` (R, C) as float8_e4m3fn with float32 scales per ``block`` (``(1, 128)``
+    for activations, ``(128, 128)`` for weights) in the layout ``scaled_gemm(...,
+    scale_format="blockwise")`` reads; ``power_of_two`` rounds each scale up to a power of two.
+    Pure torch, on ``x``'s device (tilekiln/blockwise.py)."""
+    from tilekiln.blockwise import quantize_fp8_blockwise as quantize
+
+    return quantize(x, block, power_of_two=power_of_two)
 
 
 def explain(a, b, *, out=None, bundle=None, backward=None, activation=None):

@@ -4,8 +4,8 @@ Imported only when torch tensors are passed; importing it registers four operato
 
     tilekiln::gemm(a, b, bundle, kernel, fallback) -> Tensor     autograd: dA = dC·Bᵀ, dB = Aᵀ·dC
     tilekiln::gemm_out(a, b, out!, bundle, kernel)
-    tilekiln::scaled_gemm(a, b, scale_a, scale_b, out_dtype, bundle, kernel) -> Tensor
-    tilekiln::scaled_gemm_out(a, b, scale_a, scale_b, out!, bundle, kernel)
+    tilekiln::scaled_gemm(a, b, scale_a, scale_b, out_dtype, bundle, kernel, scale_format) -> Tensor
+    tilekiln::scaled_gemm_out(a, b, scale_a, scale_b, out!, bundle, kernel, scale_format)
 
 ``bundle`` names the bundle as a string (:func:`bundle_ref`: a loaded bundle's
 directory, a name or path given by the caller, or ``""`` for the default
@@ -36,6 +36,7 @@ import torch
 
 from tilekiln._native import CALL
 from tilekiln._tensors import describe, torch_dtype_token
+from tilekiln.blockwise import check_scales, scale_format_token
 from tilekiln.bundle import Bundle, raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
 from tilekiln.problem import result_shape, result_strides
@@ -114,10 +115,10 @@ def _check_scale(name: str, scale, device: int) -> None:
 
 
 def _scale_signature(scale) -> tuple:
-    """What of a scale its check depends on; part of the plan key, so a cached plan is never
-    reused for a scale the check would refuse."""
+    """What of a scale its check (and a blockwise plan's strides) depends on; part of the plan key,
+    so a cached plan is never reused for a scale the check would refuse."""
     if isinstance(scale, torch.Tensor):
-        return scale.dtype, scale.shape, scale.get_device()
+        return scale.dtype, scale.shape, scale.stride(), scale.get_device()
     return (type(scale),)
 
 
@@ -173,23 +174,32 @@ def gemm(bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, kernel: str |
 
 
 def scaled_gemm(bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_dtype, out: Tensor | None, stream,
-                kernel: str | None = None):
+                kernel: str | None = None, scale_format: str = "tensor"):
     """``scaled_gemm`` for torch tensors; not differentiable, like ``torch._scaled_mm``."""
+    scale_format = scale_format_token(scale_format)
     if _is_compiling():
         if stream is not None:
             raise TypeError("stream=: not supported while torch.compile traces; make the stream current "
                             "with torch.cuda.stream(...) instead")
         ref = bundle_ref(bundle)
         if out is None:
-            return scaled_gemm_op(a, b, scale_a, scale_b, out_dtype, ref, kernel or "")
-        scaled_gemm_out_op(a, b, scale_a, scale_b, out, ref, kernel or "")
+            return scaled_gemm_op(a, b, scale_a, scale_b, out_dtype, ref, kernel or "", scale_format)
+        scaled_gemm_out_op(a, b, scale_a, scale_b, out, ref, kernel or "", scale_format)
         return out
     if _grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in (a, b, scale_a, scale_b)):
         raise RuntimeError("scaled_gemm is not differentiable (as torch._scaled_mm is not); "
                            "detach its inputs or call it under torch.no_grad()")
     if not isinstance(bundle, Bundle):
         bundle = resolve(bundle_ref(bundle), a.get_device())
-    return run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream, kernel)
+    return run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream, kernel, _scaling(scale_format))
+
+
+_BLOCKWISE = ("scaling", "blockwise")
+
+
+def _scaling(scale_format: str) -> tuple[tuple[str, object], ...]:
+    """The requested fields of a scale format (the per-tensor default asks for nothing)."""
+    return () if scale_format == "tensor" else (("scaling", scale_format),)
 
 
 def linear(bundle, x: Tensor, weight: Tensor, bias: Tensor | None, activation, residual: Tensor | None,
@@ -295,15 +305,21 @@ def _apply_unfused(plan, result: Tensor, out: Tensor | None, stream) -> Tensor:
 def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_dtype, out, stream, kernel,
                     requested=()):
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+    blockwise = _BLOCKWISE in requested
     key = ("scaled", a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.get_device(), b.get_device(),
            None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()), kernel, out_dtype,
            _scale_signature(scale_a), _scale_signature(scale_b), requested)
     plan = bundle._plans.get(key)
     if plan is None:
-        plan = bundle.plan(describe(a, "a"), describe(b, "b"), None if out is None else describe(out, "out"),
-                           kernel, torch_dtype_token(out_dtype), allow_split=True, requested=requested)
-        for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
-            _check_scale(name, scale, plan.problem.device)
+        a_op, b_op = describe(a, "a"), describe(b, "b")
+        # Blockwise scales are strided tensors, whose strides go in the plan block.
+        scale_strides = check_scales(a, b, scale_a, scale_b) if blockwise else ()
+        plan = bundle.plan(a_op, b_op, None if out is None else describe(out, "out"),
+                           kernel, torch_dtype_token(out_dtype), allow_split=True, requested=requested,
+                           scale_strides=scale_strides)
+        if not blockwise:
+            for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
+                _check_scale(name, scale, plan.problem.device)
         bundle.remember(key, plan)
     if plan.unfused:
         return _apply_unfused(plan, run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, None, stream, kernel),
@@ -316,8 +332,13 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
         return out
     if plan.split > 1:
         return _split_k(bundle, plan, a, b, out, stream, scale_a.data_ptr(), scale_b.data_ptr())
+    pa, pb = scale_a.data_ptr(), scale_b.data_ptr()
+    if blockwise and (pa | pb) & 3:
+        name = "scale_a" if pa & 3 else "scale_b"
+        raise ValueError(f"{name}: data pointer is not 4-byte aligned (a float32 view at an odd byte offset); "
+                         "pass a fresh float32 tensor")
     bundle.launch(plan, a.data_ptr(), b.data_ptr(), out.data_ptr(), _stream_handle(stream, plan.problem.device),
-                  scale_a.data_ptr(), scale_b.data_ptr())
+                  pa, pb)
     return out
 
 
@@ -412,25 +433,25 @@ def _gemm_out_fake(a: Tensor, b: Tensor, out: Tensor, bundle: str, kernel: str) 
 
 @torch.library.custom_op("tilekiln::scaled_gemm", mutates_args=())
 def scaled_gemm_op(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out_dtype: torch.dtype | None,
-                   bundle: str, kernel: str) -> Tensor:
+                   bundle: str, kernel: str, scale_format: str) -> Tensor:
     return run_scaled_gemm(resolve(bundle, a.get_device()), a, b, scale_a, scale_b, out_dtype, None, None,
-                           kernel or None)
+                           kernel or None, _scaling(scale_format))
 
 
 @scaled_gemm_op.register_fake
 def _scaled_gemm_fake(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out_dtype: torch.dtype | None,
-                      bundle: str, kernel: str) -> Tensor:
+                      bundle: str, kernel: str, scale_format: str) -> Tensor:
     return _fake_result(a, b, torch.bfloat16 if out_dtype is None else out_dtype)
 
 
 @torch.library.custom_op("tilekiln::scaled_gemm_out", mutates_args=("out",))
 def scaled_gemm_out_op(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out: Tensor, bundle: str,
-                       kernel: str) -> None:
+                       kernel: str, scale_format: str) -> None:
     run_scaled_gemm(resolve(bundle, a.get_device()), a, b, scale_a, scale_b, out.dtype, out, None,
-                    kernel or None)
+                    kernel or None, _scaling(scale_format))
 
 
 @scaled_gemm_out_op.register_fake
 def _scaled_gemm_out_fake(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out: Tensor, bundle: str,
-                          kernel: str) -> None:
+                          kernel: str, scale_format: str) -> None:
     return None

@@ -296,10 +296,11 @@ class Bundle:
 
     def plan(self, a: Operand, b: Operand, out: Operand | None, kernel: str | None = None,
              out_dtype: str | None = None, allow_split: bool = False,
-             requested: tuple[tuple[str, object], ...] = ()) -> Plan:
+             requested: tuple[tuple[str, object], ...] = (), scale_strides: tuple[int, ...] = ()) -> Plan:
         """Validate the operands and choose; ``allow_split``: the caller can sum split-K partials.
         ``requested`` (GemmProblem.requested) that no kernel computes is left to the caller
-        (``Plan.unfused``), never dropped."""
+        (``Plan.unfused``), never dropped. ``scale_strides``: each scale's two non-unit strides
+        (blockwise scales, checked by the caller); per-tensor scales have none (zeros)."""
         problem = make_problem(a, b, out, out_dtype, requested)
         if problem.empty or problem.k == 0:
             return Plan(problem, "", None, unfused=requested)
@@ -319,7 +320,8 @@ class Bundle:
         clusters = self.resident_clusters(k, problem.device)
         family = k.family
         strides = tuple(s for t in family.tensors for s in (getattr(run, t.name).lead, getattr(run, t.name).batch))
-        static = (*strides, *(run.extent(e) for e in family.extents), clusters)
+        scales = scale_strides or (0,) * (2 * len(family.scales))
+        static = (*strides, *scales, *(run.extent(e) for e in family.extents), clusters)
         return Plan(problem, choice.label, NativeLibrary.plan_block(family, k.index, problem.device, static),
                     choice.split, run, family.name, k.contract.base_alignment - 1, unfused)
 
@@ -404,16 +406,18 @@ class Bundle:
         return torch_path().linear(self, x, weight, bias, activation, residual, out)
 
     def scaled_gemm(self, a, b, scale_a, scale_b, *, out_dtype=None, out=None, stream=None,
-                    kernel: str | None = None):
+                    kernel: str | None = None, scale_format: str = "tensor"):
         """``(a @ b) * scale_a * scale_b`` for fp8 inputs, like ``torch._scaled_mm``.
 
-        ``scale_a``/``scale_b`` are one-element float32 tensors on the inputs'
-        device (per-tensor scales); ``out_dtype`` defaults to bfloat16.
+        ``scale_format="tensor"``: ``scale_a``/``scale_b`` are one-element float32 tensors on the
+        inputs' device (per-tensor scales). ``"blockwise"``: per-block float32 scales in the layouts
+        of tilekiln/blockwise.py (``quantize_fp8_blockwise`` makes them). ``out_dtype`` defaults to
+        bfloat16.
         """
         if not (is_torch_tensor(a) and is_torch_tensor(b)):
             raise TypeError("scaled_gemm takes torch tensors (a and b); the operands given are "
                             f"{type(a).__name__} and {type(b).__name__}")
-        return torch_path().scaled_gemm(self, a, b, scale_a, scale_b, out_dtype, out, stream, kernel)
+        return torch_path().scaled_gemm(self, a, b, scale_a, scale_b, out_dtype, out, stream, kernel, scale_format)
 
     def launch(self, plan: Plan, pa: int, pb: int, pc: int, stream: int, scale_a: int = 0,
                scale_b: int = 0) -> None:

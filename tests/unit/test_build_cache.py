@@ -23,6 +23,7 @@ from builder.package.publish import REPORT_NAME, bundle_is_current, publish_tree
 from builder.pipeline.build import object_key
 from builder.pipeline.reproduce import compare_trees
 from tilekiln.bundle_files import SIGNATURE_NAME
+from tilekiln.spec import Scaling
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = CompileJob("k", "sm_90a", "SOURCE = 1\n")
@@ -63,7 +64,7 @@ def test_object_key_changes_with_each_component(component, monkeypatch):
 
 def _records(*objects: bytes) -> list[BuildRecord]:
     # Linking reads only a record's family from its context.
-    ctx = SimpleNamespace(entry=SimpleNamespace(config=SimpleNamespace(family="gemm")))
+    ctx = SimpleNamespace(entry=SimpleNamespace(config=SimpleNamespace(family="gemm", scaling=Scaling.TENSOR)))
     return [BuildRecord(f"k{i}", "sm_90a", "compiled", 0.0, ctx=ctx, object_bytes=o,
                          entry=EntryPoints(f"tk_{i}", f"init{i}", f"load{i}", f"launch{i}"))
             for i, o in enumerate(objects)]

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from tilekiln.spec import (FAMILY_NAMES, Activation, BlockScale, Cluster, DType, DTypes, KernelConfig, KernelIdError,
-                           Layout, Operand, Raster, Schedule, Tile, format_kernel_id, parse_kernel_id)
+                           Layout, Operand, Raster, Scaling, Schedule, Tile, format_kernel_id, parse_kernel_id)
 
 configs = st.builds(
     KernelConfig,
@@ -28,6 +28,7 @@ configs = st.builds(
     swap_ab=st.booleans(),
     evict_first=st.frozensets(st.sampled_from(Operand)),
     activation=st.sampled_from(Activation),
+    scaling=st.sampled_from(Scaling),
 )
 
 
@@ -84,6 +85,7 @@ PERTURBATIONS = {
     "swap_ab": True,
     "evict_first": frozenset({Operand.B}),
     "activation": Activation.GELU_TANH,
+    "scaling": Scaling.BLOCKWISE,
 }
 
 
