@@ -7,7 +7,9 @@ shapes: tails in every dimension, K not a multiple of the tile, a batch,
 one large problem. Inputs are drawn from a seed taken from the operating
 system and recorded. Outputs are poisoned with NaN first, so an element the
 kernel leaves unwritten fails. The fp32-result kernels run as split-K (bf16)
-and, for fp8, straight into a float32 result. A kernel passes when every
+and, for fp8, straight into a float32 result. Blockwise-scaled kernels run
+on inputs quantized by ``quantize_fp8_blockwise`` (K rounded up to a multiple
+of 128), against the product of the dequantized inputs. A kernel passes when every
 relative error ||out - ref|| / ||ref|| is under :data:`TOLERANCE` and no
 output is NaN.
 
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tilekiln._files import write_atomic
-from tilekiln.spec import KernelRecord, requested_fields
+from tilekiln.spec import BLOCKWISE_BLOCK, KernelRecord, Scaling, requested_fields
 
 RECORD_SCHEMA = 1
 # bf16/fp16 rounding of the output alone is about 2e-3 relative; fp8 kernels are
@@ -114,14 +116,16 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
 
     def epilogue(ref):
         for name, value in requested:
-            ref = _torch.UNFUSED[name](value, ref)
+            if name in _torch.UNFUSED:  # an activation; scaling is in the reference's inputs
+                ref = _torch.UNFUSED[name](value, ref)
         return ref
 
     def gemm(a, b, out=None, pin=kernel.id):
         return _torch.run_gemm(bundle, a, b, out, None, pin, requested)
 
-    def scaled(a, b, out=None, pin=kernel.id, out_dtype=None):
-        return _torch.run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, None, pin, requested)
+    def scaled(a, b, out=None, pin=kernel.id, out_dtype=None, scales=None):
+        sa, sb = scales or (scale_a, scale_b)
+        return _torch.run_scaled_gemm(bundle, a, b, sa, sb, out_dtype, out, None, pin, requested)
 
     a_dtype = cfg.dtypes.a.value
     fp8 = a_dtype in FP8
@@ -141,9 +145,21 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
             else:
                 yield f"{pin} {m}x{n}x{k}", gemm(a, b, pin=pin), epilogue(a.double() @ b.double())
         return
+    blockwise = cfg.scaling is Scaling.BLOCKWISE
     for batch, m, n, k in SHAPES:
         if fp8 and batch != 1:
             continue  # scaled GEMMs are 2-D, as torch._scaled_mm's
+        if blockwise:
+            from tilekiln.blockwise import dequantize, quantize_fp8_blockwise
+
+            k, rows, blocks = -(-k // BLOCKWISE_BLOCK) * BLOCKWISE_BLOCK, (1, BLOCKWISE_BLOCK), (BLOCKWISE_BLOCK,) * 2
+            a8, sa = quantize_fp8_blockwise(torch.randn(m, k, device="cuda", generator=gen), rows)
+            w8, sb = quantize_fp8_blockwise(torch.randn(n, k, device="cuda", generator=gen), blocks)
+            out = _poisoned(torch, (m, n), torch.bfloat16)
+            scaled(a8, w8.t(), out, scales=(sa, sb))
+            ref = dequantize(a8, sa, rows) @ dequantize(w8, sb, blocks).t()
+            yield f"{kernel.id} {m}x{n}x{k}", out, epilogue(ref)
+            continue
         a = _matrix(torch, m, k, cfg.layout.a_k_major, batch, dtype, gen)
         b = _matrix(torch, k, n, not cfg.layout.b_k_major, batch, dtype, gen)
         what = f"{kernel.id} {batch}x{m}x{n}x{k}"

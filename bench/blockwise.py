@@ -1,0 +1,216 @@
+"""Blockwise fp8 (1x128 activation, 128x128 weight scales) next to tilekiln's per-tensor fp8 and
+torch's bf16 matmul (cuBLAS), same run, same data.
+
+Method as bench/gemm.py: every side is checked against a float64 reference before it is timed;
+the three sides are timed interleaved, shape by shape, each block replayed from CUDA graphs
+(``tilekiln.tuning.timing.graphed``) after ``--settle-ms`` of untimed launches of its own side,
+inputs rotated when a problem is smaller than the L2; the median of each side's blocks, over
+``--repeats`` passes of the suite. Shapes: bench/gemm.py's suite and DeepSeek-V3's projections
+(N, K from 7168, 2048, 1536, 576, 18432, 24576) at M = 64, 128, 4096, 16384.
+
+Accuracy, on the same data: the inputs are bf16 normals with outliers injected (a few values per
+row of A at 100x, as activations have); each fp8 side's relative error ||out - ref|| / ||ref|| is
+against the float64 product of the bf16 inputs themselves, so it counts quantization error too.
+Per-tensor fp8 scales each operand by its largest magnitude; blockwise by each block's.
+
+    python3 bench/blockwise.py --bundle artifacts/sm90a --json bench/results/blockwise-<card>-<date>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tilekiln.tuning.timing import require_cuda_torch  # noqa: E402
+
+torch = require_cuda_torch("bench/blockwise.py")
+import tilekiln  # noqa: E402
+from gemm import block_timer, shape_suite  # noqa: E402
+from tilekiln.blockwise import BLOCK, E4M3_MAX  # noqa: E402
+from tilekiln.tuning.timing import L2_BYTES, CaptureError, block_launches  # noqa: E402
+
+SIDES = ("blockwise", "tensor", "bf16")
+# DeepSeek-V3 (N, K): MLA's kv_a (576) and q_a (1536) from the 7168 hidden size, q_b (24576 from
+# 1536), the dense MLP's up (18432) and down, and an MoE expert's down (K = 2048).
+DEEPSEEK_NK = ((576, 7168), (1536, 7168), (24576, 1536), (18432, 7168), (7168, 18432), (7168, 2048))
+DEEPSEEK_M = (64, 128, 4096, 16384)
+OUTLIERS_PER_ROW = 4
+OUTLIER_SCALE = 100.0
+
+
+def deepseek_suite() -> list[tuple[int, int, int]]:
+    return [(m, n, k) for n, k in DEEPSEEK_NK for m in DEEPSEEK_M]
+
+
+def activations(m: int, k: int) -> torch.Tensor:
+    """bf16 normals with ``OUTLIERS_PER_ROW`` values per row scaled by ``OUTLIER_SCALE``."""
+    a = torch.randn(m, k, device="cuda")
+    cols = torch.randint(0, k, (m, OUTLIERS_PER_ROW), device="cuda")
+    a.scatter_(1, cols, a.gather(1, cols) * OUTLIER_SCALE)
+    return a.to(torch.bfloat16)
+
+
+def per_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scale = (x.float().abs().amax() / E4M3_MAX).clamp_min(1e-12).reshape(1)
+    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+
+
+def operand_set(m: int, n: int, k: int) -> dict:
+    a, w = activations(m, k), torch.randn(n, k, device="cuda").to(torch.bfloat16)
+    a_bw, sa_bw = tilekiln.quantize_fp8_blockwise(a, (1, BLOCK))
+    w_bw, sb_bw = tilekiln.quantize_fp8_blockwise(w, (BLOCK, BLOCK))
+    (a_t, sa_t), (w_t, sb_t) = per_tensor(a), per_tensor(w)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    return {"bf16": (a, w), "blockwise": (a_bw, w_bw, sa_bw, sb_bw), "tensor": (a_t, w_t, sa_t, sb_t), "out": out}
+
+
+def calls(bundle, s: dict) -> dict:
+    a_bw, w_bw, sa_bw, sb_bw = s["blockwise"]
+    a_t, w_t, sa_t, sb_t = s["tensor"]
+    a, w = s["bf16"]
+    out = s["out"]
+    return {
+        "blockwise": lambda: bundle.scaled_gemm(a_bw, w_bw.t(), sa_bw, sb_bw, out=out, scale_format="blockwise"),
+        "tensor": lambda: bundle.scaled_gemm(a_t, w_t.t(), sa_t, sb_t, out=out),
+        "bf16": lambda: torch.matmul(a, w.t(), out=out),
+    }
+
+
+def errors(bundle, s: dict) -> dict:
+    """Each side's relative error against the float64 product of the bf16 inputs."""
+    a, w = s["bf16"]
+    ref = a.double() @ w.double().t()
+    out = {}
+    for side, fn in calls(bundle, s).items():
+        s["out"].fill_(float("nan"))
+        y = fn()
+        err = ((y.double() - ref).norm() / ref.norm()).item()
+        if math.isnan(err):
+            raise SystemExit(f"{side} {tuple(a.shape)}x{tuple(w.shape)}: NaN in the output")
+        out[side] = err
+    return out
+
+
+def check_kernels(bundle, s: dict) -> None:
+    """Each fp8 side against the float64 product of its own dequantized inputs (what it computes)."""
+    from tilekiln.blockwise import dequantize
+
+    a_bw, w_bw, sa_bw, sb_bw = s["blockwise"]
+    a_t, w_t, sa_t, sb_t = s["tensor"]
+    refs = {"blockwise": dequantize(a_bw, sa_bw, (1, BLOCK)) @ dequantize(w_bw, sb_bw, (BLOCK, BLOCK)).t(),
+            "tensor": (a_t.double() @ w_t.double().t()) * (sa_t.double() * sb_t.double())}
+    for side, fn in calls(bundle, s).items():
+        if side in refs:
+            s["out"].fill_(float("nan"))
+            y = fn()
+            err = ((y.double() - refs[side]).norm() / refs[side].norm()).item()
+            if not err < 1e-2:
+                raise SystemExit(f"numerics check failed for {side} {tuple(a_t.shape)}x{tuple(w_t.shape)}: "
+                                 f"relative error {err}")
+
+
+def run(args) -> dict:
+    bundle = tilekiln.load(args.bundle)
+    shapes = deepseek_suite() + ([] if args.deepseek_only else shape_suite())
+    if args.quick:
+        shapes = [(4096, 7168, 2048), (128, 24576, 1536), (8192, 8192, 8192)]
+    rows = {s: {side: [] for side in SIDES} for s in shapes}
+    info = {}
+    for rep in range(args.repeats):
+        for (m, n, k) in shapes:
+            one = (m * k + n * k) * 3 + m * n * 2  # bytes per set: bf16 and two fp8 copies, and the output
+            sets = [operand_set(m, n, k) for _ in range(max(1, min(8, math.ceil(2 * L2_BYTES / one))))]
+            if rep == 0:
+                check_kernels(bundle, sets[0])
+                a_bw, w_bw, sa_bw, sb_bw = sets[0]["blockwise"]
+                a_t, w_t, _, _ = sets[0]["tensor"]
+                info[(m, n, k)] = {
+                    "kernel_blockwise": bundle.explain(a_bw, w_bw.t(), out_dtype="bf16",
+                                                       requested=(("scaling", "blockwise"),)).kernel.id,
+                    "kernel_tensor": bundle.explain(a_t, w_t.t(), out_dtype="bf16").kernel.id,
+                    "relative_error": errors(bundle, sets[0])}
+            flops = 2 * m * n * k
+            per_set = [calls(bundle, s) for s in sets]
+            iters = block_launches(flops)
+            timers = {side: block_timer(lambda i, side=side: per_set[i % len(per_set)][side](), iters,
+                                        args.settle_ms, True, f"{m}x{n}x{k} {side}") for side in SIDES}
+            times = {side: [] for side in SIDES}
+            for block in range(4):
+                # Rotate the order so each side follows each other side alike.
+                order = SIDES[block % 3:] + SIDES[:block % 3]
+                for side in order:
+                    times[side].append(timers[side]())
+            for side in SIDES:
+                rows[(m, n, k)][side].append(flops / statistics.median(times[side]) / 1e9)
+            r = rows[(m, n, k)]
+            print(f"rep {rep} {m:6d}x{n:6d}x{k:6d}  blockwise {r['blockwise'][-1]:7.1f}  tensor "
+                  f"{r['tensor'][-1]:7.1f}  bf16 {r['bf16'][-1]:7.1f}  vs tensor "
+                  f"{r['blockwise'][-1] / r['tensor'][-1]:.3f}  vs bf16 {r['blockwise'][-1] / r['bf16'][-1]:.3f}",
+                  flush=True)
+            sets = per_set = timers = None  # free the operands (and graphs) before the next shape
+    results = []
+    for (m, n, k), r in rows.items():
+        med = {side: statistics.median(r[side]) for side in SIDES}
+        results.append({
+            "m": m, "n": n, "k": k, "suite": "deepseek-v3" if (m, n, k) in deepseek_suite() else "bench",
+            **info[(m, n, k)],
+            **{f"{side}_tflops": round(med[side], 1) for side in SIDES},
+            "ratio_vs_tensor": round(med["blockwise"] / med["tensor"], 4),
+            "ratio_vs_bf16": round(med["blockwise"] / med["bf16"], 4),
+            "runs": {side: [round(x, 1) for x in r[side]] for side in SIDES},
+        })
+
+    def geomean(key: str) -> float:
+        return round(math.exp(statistics.fmean(math.log(x[key]) for x in results)), 4)
+
+    summary = {"geomean_vs_tensor": geomean("ratio_vs_tensor"), "geomean_vs_bf16": geomean("ratio_vs_bf16"),
+               "min_vs_tensor": min(x["ratio_vs_tensor"] for x in results),
+               "min_vs_bf16": min(x["ratio_vs_bf16"] for x in results),
+               "blockwise_more_accurate": sum(x["relative_error"]["blockwise"] < x["relative_error"]["tensor"]
+                                              for x in results),
+               "shapes": len(results)}
+    return {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "bundle": bundle.name, "bundle_version": bundle.version,
+            "repeats": args.repeats, "settle_ms": args.settle_ms, "timing": "graph",
+            "outliers": {"per_row": OUTLIERS_PER_ROW, "scale": OUTLIER_SCALE},
+            "summary": summary, "results": results}
+
+
+def main() -> None:
+    from tilekiln.tuning.timing import SETTLE_MS
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--bundle", default="artifacts/sm90a")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="three shapes only")
+    p.add_argument("--deepseek-only", action="store_true", help="the DeepSeek-V3 shapes only")
+    p.add_argument("--settle-ms", type=float, default=SETTLE_MS,
+                   help="untimed launches of the same side before each timed block (0: none)")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    try:
+        report = run(args)
+    except CaptureError as exc:
+        raise SystemExit(f"bench/blockwise.py: {exc}")
+    print(json.dumps(report["summary"]))
+    print(f"{'shape':>22s} {'blockwise':>9s} {'tensor':>9s} {'bf16':>9s} {'/tensor':>8s} {'/bf16':>7s} "
+          f"{'err bw':>9s} {'err pt':>9s}  kernel")
+    for r in report["results"]:
+        e = r["relative_error"]
+        print(f"{r['m']:6d}x{r['n']:6d}x{r['k']:6d} {r['blockwise_tflops']:9.1f} {r['tensor_tflops']:9.1f} "
+              f"{r['bf16_tflops']:9.1f} {r['ratio_vs_tensor']:8.3f} {r['ratio_vs_bf16']:7.3f} "
+              f"{e['blockwise']:9.2e} {e['tensor']:9.2e}  {r['kernel_blockwise']}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

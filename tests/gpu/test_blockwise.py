@@ -1,0 +1,136 @@
+"""Blockwise fp8 on the GPU: every blockwise kernel against a float64 reference of its dequantized
+inputs, its accuracy next to per-tensor fp8 on data with outliers, and the errors of wrong scales.
+
+    python -m pytest -q tests/gpu/test_blockwise.py   (TILEKILN_TEST_BUNDLE: the bundle, default artifacts/sm90a)
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+ROWS, BLOCKS = (1, 128), (128, 128)
+# (M, N, K): odd M, N not a multiple of any tile N, one K block, DeepSeek-V3 projections, a large one.
+SHAPES = ((257, 200, 384), (1, 576, 128), (1000, 1032, 1024), (64, 7168, 2048), (129, 1536, 7168),
+          (4096, 4096, 4096))
+
+
+def _outliers(torch, m, k, gen, scale=100.0, per_row=4):
+    a = torch.randn(m, k, device="cuda", generator=gen)
+    cols = torch.randint(0, k, (m, per_row), device="cuda", generator=gen)
+    a.scatter_(1, cols, a.gather(1, cols) * scale)
+    return a.to(torch.bfloat16)
+
+
+def _rel(torch, out, ref):
+    if torch.isnan(out).any():
+        return float("nan")
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def _quantize(x, block, power_of_two=False):
+    import tilekiln
+
+    return tilekiln.quantize_fp8_blockwise(x, block, power_of_two=power_of_two)
+
+
+def _blockwise_kernels(bundle):
+    kernels = [k for k in bundle.kernels if k.config.scaling.value == "blockwise"]
+    assert kernels, "the bundle has no blockwise kernel"
+    return kernels
+
+
+@pytest.mark.parametrize("power_of_two", [False, True])
+def test_every_blockwise_kernel_matches_the_dequantized_float64_product(torch, bundle, power_of_two):
+    from tilekiln.blockwise import dequantize
+
+    failures = []
+    for kernel in _blockwise_kernels(bundle):
+        for i, (m, n, k) in enumerate(SHAPES):
+            gen = torch.Generator(device="cuda").manual_seed(3400 + 10 * kernel.index + i)
+            a8, sa = _quantize(_outliers(torch, m, k, gen), ROWS, power_of_two)
+            w8, sb = _quantize(torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16), BLOCKS,
+                                     power_of_two)
+            ref = dequantize(a8, sa, ROWS) @ dequantize(w8, sb, BLOCKS).t()
+            runs = []
+            for _ in range(2):
+                out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+                bundle.scaled_gemm(a8, w8.t(), sa, sb, out=out, kernel=kernel.id, scale_format="blockwise")
+                runs.append(out)
+            torch.cuda.synchronize()
+            err = _rel(torch, runs[0], ref)
+            if not err < 1e-2:
+                failures.append(f"{kernel.id} {(m, n, k)}: relative error {err:.3g}")
+            if not torch.equal(runs[0], runs[1]):
+                failures.append(f"{kernel.id} {(m, n, k)}: two runs differ")
+    assert not failures, "\n".join(failures)
+
+
+def test_blockwise_is_more_accurate_than_per_tensor_on_outliers(torch, bundle):
+    """Same bf16 data with outliers, both against the float64 product of the bf16 inputs."""
+    lines, worse = [], []
+    for i, (m, n, k) in enumerate(SHAPES):
+        gen = torch.Generator(device="cuda").manual_seed(3500 + i)
+        a = _outliers(torch, m, k, gen)
+        w = torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16)
+        ref = a.double() @ w.double().t()
+        a8, sa = _quantize(a, ROWS)
+        w8, sb = _quantize(w, BLOCKS)
+        blockwise = bundle.scaled_gemm(a8, w8.t(), sa, sb, scale_format="blockwise")
+        ta, tw = (x.float().abs().amax().reshape(1) / 448.0 for x in (a, w))
+        at, wt = ((x.float() / s).to(torch.float8_e4m3fn) for x, s in ((a, ta), (w, tw)))
+        tensor = bundle.scaled_gemm(at, wt.t(), ta, tw)
+        torch.cuda.synchronize()
+        e_bw, e_pt = _rel(torch, blockwise, ref), _rel(torch, tensor, ref)
+        lines.append(f"{(m, n, k)}: blockwise {e_bw:.3g}, per-tensor {e_pt:.3g}")
+        if not e_bw < e_pt:
+            worse.append(lines[-1])
+    print("\n".join(lines))
+    assert not worse, "blockwise not more accurate:\n" + "\n".join(worse)
+
+
+def _operands(torch, m=300, n=200, k=384):
+    a8, sa = _quantize(torch.randn(m, k, device="cuda").to(torch.bfloat16), ROWS)
+    w8, sb = _quantize(torch.randn(n, k, device="cuda").to(torch.bfloat16), BLOCKS)
+    return a8, w8.t(), sa, sb
+
+
+@pytest.mark.parametrize("change, error, text", [
+    (lambda t, a, b, sa, sb: (a, b, sa.contiguous(), sb), ValueError, "scale_a: expected float32 (M, K/128)"),
+    (lambda t, a, b, sa, sb: (a, b, sa, sb[:1]), ValueError, "scale_b: expected float32 (ceil(N/128), K/128)"),
+    (lambda t, a, b, sa, sb: (a, b, sa.cpu(), sb), ValueError, "got device cpu"),
+    (lambda t, a, b, sa, sb: (a, b, sa, t.ones(1, device="cuda")), ValueError, "scale_b: expected"),
+    (lambda t, a, b, sa, sb: (a[:, :320], b[:320], sa, sb), ValueError, "a: K = 320 is not a multiple of 128"),
+])
+def test_wrong_scales_raise_naming_the_argument_and_leave_the_device_usable(torch, bundle, change, error, text):
+    a, b, sa, sb = _operands(torch)
+    # A first, valid call caches a plan; the wrong one differs in its signature and is checked again.
+    bundle.scaled_gemm(a, b, sa, sb, scale_format="blockwise")
+    with pytest.raises(error, match=re.escape(text)):
+        bundle.scaled_gemm(*change(torch, a, b, sa, sb), scale_format="blockwise")
+    out = bundle.scaled_gemm(a, b, sa, sb, scale_format="blockwise")
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any()
+
+
+def test_per_tensor_scales_are_refused_for_blockwise_and_the_reverse(torch, bundle):
+    a, b, sa, sb = _operands(torch)
+    one = torch.ones(1, device="cuda")
+    with pytest.raises(ValueError, match=re.escape("scale_a: expected float32 (M, K/128)")):
+        bundle.scaled_gemm(a, b, one, one, scale_format="blockwise")
+    with pytest.raises(ValueError, match="scale_a: expected a one-element float32"):
+        bundle.scaled_gemm(a, b, sa, sb)
+
+
+def test_module_level_entry_point_and_torch_compile(torch, bundle):
+    import tilekiln
+
+    a, b, sa, sb = _operands(torch)
+    eager = tilekiln.scaled_gemm(a, b, sa, sb, bundle=bundle, scale_format="blockwise")
+    compiled = torch.compile(lambda *x: tilekiln.scaled_gemm(*x, bundle=bundle, scale_format="blockwise"),
+                             fullgraph=True)(a, b, sa, sb)
+    torch.cuda.synchronize()
+    assert torch.equal(eager, compiled)
