@@ -143,7 +143,7 @@ def check_registers(ctx: KernelContext) -> Iterator[Diagnostic]:
     # write one while the other is promoted).
     sets = 3 if ctx.entry.config.scaling is Scaling.BLOCKWISE else 1
     if sets > 1:
-        # The blockwise 128x128 cooperative kernel's consumers use R0-R219 of 232, 192 of them
+        # The blockwise 128x128 cooperative kernels' consumers use up to R227 of 232 (c2x1), 192 of them
         # accumulators, with no spills (nvidia-cutlass-dsl 4.8.1): the promotion loop needs less
         # around it than the epilogue of a large single-accumulator tile.
         headroom = 40
