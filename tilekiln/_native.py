@@ -1,10 +1,11 @@
-"""ctypes binding of a bundle's shared library (its ``tk_*`` C API, ABI 5).
+"""ctypes binding of a bundle's shared library (its ``tk_*`` C API, ABI 6).
 
 The library is the bundle's kernels linked with the static CUDA runtime; it
 needs only libc and the NVIDIA driver. A launch of a kernel of family F passes
 two blocks by address to ``tk_run_F``, both laid out from F's arguments in
-tilekiln/spec.py: the plan (``Family.plan_format``: tensor strides, extents,
-resident clusters, device, kernel index), packed once per problem signature,
+tilekiln/spec.py: the plan (``Family.plan_format``: tensor strides, blockwise
+scale strides, extents, resident clusters, device, kernel index), packed once
+per problem signature,
 and a per-thread call block (``Family.call_format``: tensor and scale
 pointers, then the stream), packed on every call. ``tk_run_F`` is bound
 without ``argtypes`` and called with the two ctypes buffers, which ctypes
@@ -155,8 +156,8 @@ class NativeLibrary:
 
     @staticmethod
     def plan_block(family: Family, index: int, device: int, static: tuple[int, ...]) -> ctypes.Array:
-        """A plan's block: ``static`` is the tensors' (lead, batch) strides, the extents and the
-        resident clusters, in the family's order; the device, the index and padding follow."""
+        """A plan's block: ``static`` is the tensors' (lead, batch) strides, the scales' strides, the
+        extents and the resident clusters, in the family's order; the device, the index and padding follow."""
         layout = PLAN[family.name]
         block = ctypes.create_string_buffer(layout.size)
         padding = (0,) * ((len(family.extents) + 3) % 2)  # the int32 fields fill whole 8-byte words

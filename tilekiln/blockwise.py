@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from tilekiln.problem import result_shape
 from tilekiln.spec import BLOCKWISE_BLOCK
 
 BLOCK = BLOCKWISE_BLOCK
@@ -95,6 +96,7 @@ def scale_format_token(scale_format) -> str:
 def check_scales(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b) -> tuple[int, int, int, int]:
     """Check a blockwise call's operands and scales (error naming the argument, what is wrong and
     how to fix it); returns the scales' (lead, batch) strides for the plan block."""
+    result_shape(tuple(a.shape), tuple(b.shape))  # shapes that multiply, as every call checks first
     if a.dim() != 2 or b.dim() != 2:
         which = "a" if a.dim() != 2 else "b"
         raise ValueError(f"{which}: blockwise scaled_gemm takes 2-D operands a (M, K) and b (K, N), got "

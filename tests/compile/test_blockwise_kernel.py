@@ -1,0 +1,83 @@
+"""Blockwise fp8 kernels compile to what the template's promotion scheme claims, and launch through
+the glue with strided scale tensors.
+
+The SASS shows the scheme: each K block's WGMMAs start from a zero accumulator (``RZ, !UPT``)
+and the next block's WGMMAs are in flight while the previous one is promoted
+(``WARPGROUP.DEPBAR.LE gsb0, 0x1``: wait until at most one group runs), with no local-memory
+spills even at 192 accumulator registers of 232. The launch runs against the recording stand-in
+of tests/compile/test_launch_record.py.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from builder.compile.cubin import disassemble
+from tests.compile.conftest import make_project, run_build
+from tests.compile.test_launch_record import Recorded, expected_launch, link_recording_library, operand, recorded_launch
+
+pytestmark = pytest.mark.compile
+
+CATALOG = """pipeline: sm90
+targets: [sm_90a]
+defaults:
+  dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}
+  layout: tn
+  scaling: blockwise
+kernels:
+  - tile: [128, 128, 128]
+    cluster: [2, 1]
+  - tile: [64, 128, 128]
+    schedule: pingpong
+    cluster: [1, 1]
+"""
+COOPERATIVE = "gemm_sm90_e4m3_e4m3_f32_bf16_tn_128x128x128_c2x1_blockwise"
+PINGPONG = "gemm_sm90_e4m3_e4m3_f32_bf16_tn_64x128x128_c1x1_pingpong_blockwise"
+# A K block is 4 WGMMAs of K 32; the mainloop issues blocks at four places (the first block, the
+# two of the loop body taking blocks in pairs, the odd last one).
+BLOCK_SITES, WGMMAS_PER_BLOCK = 4, 4
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    base = tmp_path_factory.mktemp("blockwise")
+    result = run_build(make_project(base / "project", CATALOG), base / "artifacts", base / "cache", jobs=2)
+    assert result.ok, [r.error for b in result.bundles for r in b.failed]
+    return result.bundles[0]
+
+
+def test_each_block_starts_fresh_and_overlaps_the_previous_promotion(built):
+    assert {r.kernel_id for r in built.records} == {COOPERATIVE, PINGPONG}
+    for record in built.records:
+        sass = disassemble(record.cubin)
+        wgmmas = re.findall(r"QGMMA\.64x128x32\.F32\.E4M3\.E4M3 (R\d+), gdesc\[UR\d+\], (\w+)", sass)
+        assert len(wgmmas) == BLOCK_SITES * WGMMAS_PER_BLOCK, record.kernel_id
+        fresh = [dst for dst, src in wgmmas if src == "RZ"]
+        assert len(fresh) == BLOCK_SITES, "one zero-initialised WGMMA per K block"
+        assert len(set(fresh)) == 2, "two partial sums alternate"
+        assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass, "the next block runs while one is promoted"
+        assert record.info.local_bytes == 0 and dict(record.info.census)["LDL"] == 0, record.kernel_id
+        assert dict(record.info.census)["STL"] == 0, record.kernel_id
+
+
+def test_a_blockwise_plan_launches_through_the_glue(built, tmp_path):
+    recorded = Recorded(built, link_recording_library(built, tmp_path / "lib"), tmp_path)
+    for kernel_id in (COOPERATIVE, PINGPONG):
+        ctx = recorded.records[kernel_id].ctx
+        recorded.configure(recorded.records[kernel_id].info.static_smem_bytes,
+                           ctx.facts.require("smem_per_block_optin"))
+        m, n, k = 1000, 576, 1024
+        a = operand("a", m, k, 1, "e4m3", 0x7F0000000000, True)
+        b = operand("b", k, n, 1, "e4m3", 0x7F1000000000, False)
+        c = operand("out", m, n, 1, "bf16", 0x7F2000000000, True)
+        plan = recorded.bundle.plan(a, b, c, kernel=kernel_id, out_dtype="bf16",
+                                    requested=(("scaling", "blockwise"),), scale_strides=(m, m * 8, 8, 8 * 5))
+        index = [x.id for x in recorded.bundle.kernels].index(kernel_id)
+        resident = recorded.bundle.resident_clusters(recorded.bundle.kernels[index], 0)
+        before = len(recorded.events())
+        recorded.bundle.launch(plan, a.ptr, b.ptr, c.ptr, 0, 0x7F3000000000, 0x7F3000010000)
+        (launch,) = [e for e in recorded.events()[before:] if e["event"] == "launch"]
+        assert launch["path"] == "driver"
+        assert recorded_launch(launch) == expected_launch(ctx, m, n, 1, resident)
