@@ -34,8 +34,8 @@ def kernel_record(index: int, kernel_id: str, tile: tuple[int, int, int], cluste
 def manifest(kernels: tuple[KernelRecord, ...] = (), tuning: dict[str, str] | None = None) -> Manifest:
     """An sm_90a bundle's manifest holding ``kernels``."""
     return Manifest(
-        schema_version="2.0",
-        bundle=BundleInfo("sm90a", "0.1.0", "sm_90a", "a", (9, 0), ABI_VERSION, ">=0.2,<0.3",
+        schema_version="2.1",
+        bundle=BundleInfo("sm90a", "0.1.0", "sm_90a", "a", (9, 0), ABI_VERSION, ">=0.3,<0.4",
                           DriverFloor(13000, "580.65.06"), "2.28"),
         library="lib/lib.so", files=(("lib/lib.so", "0" * 64),), kernels=tuple(kernels), toolchain=(),
         provenance=Provenance("unknown", "x86_64-linux", ()),
