@@ -442,7 +442,9 @@ class FieldSpec:
     key that lists the values a template builds (``"values"``), or that allows a non-default value
     at all (``"flag"``); None: any template builds any value the rules accept. ``requested``: it
     changes what the kernel computes, and the caller says which value it wants (the runtime's
-    ``GemmProblem.requested``).
+    ``GemmProblem.requested``). ``applied_after``: where no kernel computes a requested value,
+    torch can apply it to a kernel's result (an epilogue); False: only a kernel with exactly the
+    value can run the call (blockwise scaling changes the mainloop).
     """
 
     codec: Codec
@@ -452,9 +454,7 @@ class FieldSpec:
     selection_view: Callable[[Any], Any] | None = None
     support: tuple[str, str] | None = None  # (supports key, "values" | "flag")
     requested: bool = False  # the call asks for a value; a kernel runs the call only with exactly that one
-    # A requested value no kernel computes is applied by torch after a kernel without it (an
-    # epilogue); False: only a kernel with exactly the value can run the call.
-    applied_after: bool = True
+    applied_after: bool = True  # a requested value no kernel computes is applied by torch after one
 
 
 def _field(codec: Codec, description: str, default: Any = dataclasses.MISSING, **spec: Any):
