@@ -32,7 +32,8 @@ SUPPORTED_SCHEMA_MAJOR = 2
 # the builder stamps it into the library and the manifest. 2: scale_a/scale_b added.
 # 3: tk_run(plan, call), the static half packed once per plan. 4: tk_max_active_clusters.
 # 5: one tk_run_<family> per kernel family, its blocks derived from tilekiln/spec.py.
-ABI_VERSION = 5
+# 6: the gemm family's bias vector (call block and launcher argument after the scales).
+ABI_VERSION = 6
 
 
 @dataclass(frozen=True)

@@ -188,10 +188,14 @@ def choose(kernels: tuple[KernelRecord, ...], problem: GemmProblem, sm_count: in
 
 def choose_fused(choose_for: Callable[[GemmProblem], Choice], problem: GemmProblem
                  ) -> tuple[Choice, tuple[tuple[str, object], ...]]:
-    """The choice for ``problem`` and what of its requested epilogue no kernel computes: where no
-    kernel accepts the problem as requested, the plain problem's choice, and every requested field
-    is left to the caller (applied by torch after the kernel) rather than dropped."""
-    choice = choose_for(problem)
-    if choice.kernel is not None or not problem.requested:
-        return choice, ()
-    return choose_for(replace(problem, requested=())), problem.requested
+    """The choice for ``problem`` and what of its requested epilogue no kernel computes. The
+    epilogue applies the requested fields in order (bias, then activation), so a kernel that
+    computes the leading ones leaves a correct intermediate for torch to finish: the choice is for
+    the longest leading part of the request some kernel accepts (down to the plain problem), and
+    the rest is left to the caller (applied by torch after the kernel) rather than dropped."""
+    requested = problem.requested
+    for keep in range(len(requested), 0, -1):
+        choice = choose_for(replace(problem, requested=requested[:keep]))
+        if choice.kernel is not None:
+            return choice, requested[keep:]
+    return choose_for(replace(problem, requested=())), requested

@@ -114,6 +114,21 @@ class Activation(str, enum.Enum):
     GELU_ERF = "geluerf"
 
 
+class Bias(str, enum.Enum):
+    """The element type of the per-column bias vector (length N) the epilogue adds to the scaled fp32
+    accumulator before the activation, as ``F.linear`` does; none: the kernel adds no bias and never
+    reads the argument."""
+
+    NONE = "none"
+    BF16 = "bf16"
+    F32 = "f32"
+
+    @property
+    def dtype(self) -> DType | None:
+        """The bias vector's element type; None for none."""
+        return None if self is Bias.NONE else DType(self.value)
+
+
 class Operand(str, enum.Enum):
     """A GEMM input in the problem's terms: A (M x K) or B (K x N)."""
 
@@ -480,6 +495,10 @@ class KernelConfig:
                             support=("cta_groups", "values"))
     block_scale: BlockScale | None = _field(BlockScaleCodec(), "block-scaled operands: scale type and block", None,
                                             selection=True, support=("block_scales", "values"))
+    # Added before the activation: act(acc * scale + bias), as F.linear followed by the activation.
+    bias: Bias = _field(EnumCodec(Bias, "bias"), "element type of the per-column bias the epilogue adds before "
+                        "the activation, or none", Bias.NONE, selection=True, support=("biases", "values"),
+                        requested=True)
     activation: Activation = _field(EnumCodec(Activation), "the epilogue's elementwise function of the accumulator",
                                     Activation.NONE, selection=True, support=("activations", "values"),
                                     requested=True)
@@ -646,19 +665,31 @@ class ScaleArg:
 
 
 @dataclass(frozen=True)
+class VectorArg:
+    """A contiguous vector along one problem extent (a per-column bias): its data pointer goes in the
+    call block and its length is the plan's ``extent``. Its element type is the kernel's (the
+    template's ``<NAME>_DTYPE``); a kernel that does not use it never reads it."""
+
+    name: str
+    extent: str
+
+
+@dataclass(frozen=True)
 class Family:
-    """A kernel family's launch: ``tensors``, then ``scales``, then the resident cluster count
-    (an int32 the runtime computes per device) and the stream, in that order."""
+    """A kernel family's launch: ``tensors``, then ``scales``, then ``vectors``, then the resident
+    cluster count (an int32 the runtime computes per device) and the stream, in that order."""
 
     name: str
     extents: tuple[str, ...]  # the problem extents, int32 each in the plan block
     tensors: tuple[TensorArg, ...]
     scales: tuple[ScaleArg, ...]
+    vectors: tuple[VectorArg, ...] = ()
 
     @property
     def arguments(self) -> tuple[str, ...]:
         """The names of the exported launcher's arguments, in order."""
-        return (*(t.name for t in self.tensors), *(s.name for s in self.scales), "resident_clusters", "stream")
+        return (*(t.name for t in self.tensors), *(s.name for s in self.scales), *(v.name for v in self.vectors),
+                "resident_clusters", "stream")
 
     @property
     def plan_format(self) -> str:
@@ -669,8 +700,9 @@ class Family:
 
     @property
     def call_format(self) -> str:
-        """struct format of the call block (tk_call_<family>_t): tensor and scale pointers, then the stream."""
-        return "<" + "Q" * (len(self.tensors) + len(self.scales) + 1)
+        """struct format of the call block (tk_call_<family>_t): tensor, scale and vector pointers, then the
+        stream."""
+        return "<" + "Q" * (len(self.tensors) + len(self.scales) + len(self.vectors) + 1)
 
 
 MAX_EXTENT = 2**31 - 1  # the plan block's extents are int32 (Family.plan_format)
@@ -690,6 +722,7 @@ FAMILIES: dict[str, Family] = {
         tensors=(TensorArg("a", ("m", "k", "l"), "a"), TensorArg("b", ("n", "k", "l"), "b"),
                  TensorArg("c", ("m", "n", "l"))),
         scales=(ScaleArg("scale_a"), ScaleArg("scale_b")),
+        vectors=(VectorArg("bias", "n"),),
     ),
 }
 
