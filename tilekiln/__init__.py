@@ -156,16 +156,14 @@ def scaled_gemm(a, b, scale_a, scale_b, *, out_dtype=None, out=None, bundle=None
 def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias=None):
     """The kernel ``gemm`` would run for these operands, why, and why not the others; with
     ``backward`` (by default when an input requires grad), what the gradient's GEMMs run on; with
-    ``activation`` and ``bias`` (the bias tensor, or its type: ``"bf16"``, ``"f32"``), whether a
-    kernel fuses them (as ``linear`` would ask)."""
+    ``activation`` and ``bias`` (the bias tensor, or its type: ``"bf16"``, ``"f32"`` or a torch
+    dtype), whether a kernel fuses them (as ``linear`` would ask)."""
     from tilekiln._tensors import is_torch_tensor, torch_dtype_token
     from tilekiln.problem import requested_epilogue
 
-    if bias is not None and is_torch_tensor(bias):
-        bias = torch_dtype_token(bias.dtype)
-    requested = requested_epilogue(bias="none" if bias is None else str(bias),
-                                   activation="none" if activation is None else getattr(activation, "value",
-                                                                                        activation))
+    bias_type = "none" if bias is None else torch_dtype_token(bias.dtype if is_torch_tensor(bias) else bias)
+    act = "none" if activation is None else getattr(activation, "value", activation)
+    requested = requested_epilogue(bias=bias_type, activation=act)
     return _bundle_for(a, bundle).explain(a, b, out, backward=backward, requested=requested)
 
 
