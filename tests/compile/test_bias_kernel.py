@@ -1,5 +1,6 @@
-"""The bias field: each bias type compiles into the epilogue as a predicated global load, and a
-kernel without bias reads no global memory outside TMA, as before the field existed."""
+"""The bias field: each bias type compiles into the epilogue as a predicated global load, a kernel
+without bias reads no global memory outside TMA, as before the field existed, and every kernel's
+host launch takes the bias argument the glue builds from the call block and the plan's N."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from builder.compile.cubin import disassemble
 from tests.compile.conftest import make_project, run_build
+from tests.compile.test_launch_record import Recorded, link_recording_library, run_kernel
 
 pytestmark = pytest.mark.compile
 
@@ -44,10 +46,16 @@ def _loads(sass: str) -> Counter:
     return Counter("u16" if m.group(1) else "b32" for m in LOADS.finditer(sass))
 
 
-def test_each_bias_type_is_read_in_the_epilogue_and_only_there(tmp_path):
-    project = make_project(tmp_path / "project", CATALOG)
-    result = run_build(project, tmp_path / "artifacts", tmp_path / "cache", jobs=2)
+@pytest.fixture(scope="module")
+def bias_build(tmp_path_factory):
+    base = tmp_path_factory.mktemp("bias")
+    result = run_build(make_project(base / "project", CATALOG), base / "artifacts", base / "cache", jobs=2)
     assert result.ok, [r.error for b in result.bundles for r in b.failed]
+    return result
+
+
+def test_each_bias_type_is_read_in_the_epilogue_and_only_there(bias_build):
+    result = bias_build
     loads, sass = {}, {}
     for record in result.bundles[0].records:
         sass[record.kernel_id] = disassemble(record.cubin)
@@ -59,3 +67,16 @@ def test_each_bias_type_is_read_in_the_epilogue_and_only_there(tmp_path):
     assert loads[f"{BASE}_biasbf16_silu"]["u16"] > 0 and "MUFU.EX2" in sass[f"{BASE}_biasbf16_silu"]
     assert loads["gemm_sm90_bf16_bf16_f32_bf16_tn_64x16x64_c1x1_swapab_biasbf16"]["u16"] > 0
     assert loads["gemm_sm90_e4m3_e4m3_f32_bf16_tn_128x128x128_c1x1_biasbf16"]["u16"] > 0
+
+
+def test_bias_kernels_launch_as_their_plan_says(bias_build, tmp_path):
+    """The runtime plans each kernel asking for its bias and activation and launches it with a bias
+    pointer through the bundle's glue and the kernel's exported launcher, against the recording
+    stand-in for the driver (tests/compile/test_launch_record.py)."""
+    (bundle,) = bias_build.bundles
+    recorded = Recorded(bundle, link_recording_library(bundle, tmp_path / "lib"), tmp_path)
+    assert any(r.ctx.entry.config.bias.value != "none" for r in recorded.records.values())
+    for kernel_id in recorded.records:
+        _, pairs = run_kernel(recorded, kernel_id)
+        for expected, launched in pairs:
+            assert launched == expected, kernel_id
