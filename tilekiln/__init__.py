@@ -128,10 +128,13 @@ def gemm(a, b, *, out=None, bundle=None, stream=None):
 def linear(x, weight, bias=None, *, activation=None, residual=None, out=None, bundle=None):
     """``activation(F.linear(x, weight, bias)) + residual`` with ``x`` (..., K) and ``weight`` (N, K).
 
-    ``activation``: None, ``"relu"``, ``"silu"``, ``"gelutanh"`` (GELU's tanh form) or ``"geluerf"``
-    (exact GELU). The activation runs in the GEMM's epilogue where a kernel of the bundle computes
-    it and nothing comes between them; bias, residual and whatever no kernel fuses are applied by
-    torch afterwards (``explain(..., activation=...)`` says which). Differentiable; torch tensors.
+    ``bias``: None or a contiguous (N,) tensor of x's dtype or float32 on x's device, added before
+    the activation. ``activation``: None, ``"relu"``, ``"silu"``, ``"gelutanh"`` (GELU's tanh form)
+    or ``"geluerf"`` (exact GELU). The bias and the activation run in the GEMM's epilogue where a
+    kernel of the bundle computes them (the bias alone where no kernel also has the activation);
+    the residual and whatever no kernel fuses are applied by torch afterwards
+    (``explain(..., bias=..., activation=...)`` says which). The result has x's dtype.
+    Differentiable (unfused when an input requires grad); torch tensors.
     """
     fast = _torch_operands(x, weight)
     if fast is None:
@@ -166,11 +169,17 @@ def quantize_fp8_blockwise(x, block=(1, 128), *, power_of_two=False):
     return quantize(x, block, power_of_two=power_of_two)
 
 
-def explain(a, b, *, out=None, bundle=None, backward=None, activation=None):
+def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias=None):
     """The kernel ``gemm`` would run for these operands, why, and why not the others; with
     ``backward`` (by default when an input requires grad), what the gradient's GEMMs run on; with
-    ``activation``, whether a kernel fuses it (as ``linear`` would ask)."""
-    requested = () if activation is None else (("activation", getattr(activation, "value", activation)),)
+    ``activation`` and ``bias`` (the bias tensor, or its type: ``"bf16"``, ``"f32"`` or a torch
+    dtype), whether a kernel fuses them (as ``linear`` would ask)."""
+    from tilekiln._tensors import is_torch_tensor, torch_dtype_token
+    from tilekiln.problem import requested_epilogue
+
+    bias_type = "none" if bias is None else torch_dtype_token(bias.dtype if is_torch_tensor(bias) else bias)
+    act = "none" if activation is None else getattr(activation, "value", activation)
+    requested = requested_epilogue(bias=bias_type, activation=act)
     return _bundle_for(a, bundle).explain(a, b, out, backward=backward, requested=requested)
 
 

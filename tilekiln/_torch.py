@@ -2,7 +2,8 @@
 
 Imported only when torch tensors are passed; importing it registers four operators:
 
-    tilekiln::gemm(a, b, bundle, kernel, fallback) -> Tensor     autograd: dA = dC·Bᵀ, dB = Aᵀ·dC
+    tilekiln::gemm(a, b, bundle, kernel, fallback, activation, bias=None) -> Tensor
+                                                                  autograd: dA = dC·Bᵀ, dB = Aᵀ·dC
     tilekiln::gemm_out(a, b, out!, bundle, kernel)
     tilekiln::scaled_gemm(a, b, scale_a, scale_b, out_dtype, bundle, kernel, scale_format) -> Tensor
     tilekiln::scaled_gemm_out(a, b, scale_a, scale_b, out!, bundle, kernel, scale_format)
@@ -39,7 +40,7 @@ from tilekiln._tensors import describe, torch_dtype_token
 from tilekiln.blockwise import check_scales, scale_format_token
 from tilekiln.bundle import Bundle, raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
-from tilekiln.problem import result_shape, result_strides
+from tilekiln.problem import requested_epilogue, result_shape, result_strides
 
 Tensor = torch.Tensor
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -135,8 +136,19 @@ ACTIVATIONS = {
     "gelutanh": lambda y: torch.nn.functional.gelu(y, approximate="tanh"),
     "geluerf": torch.nn.functional.gelu,
 }
-# Per requested spec field, how torch applies it to a GEMM's result (Plan.unfused).
-UNFUSED = {"activation": lambda value, y: ACTIVATIONS[value](y)}
+
+
+def add_bias(y: Tensor, bias: Tensor) -> Tensor:
+    """``y + bias`` computed in the wider of the two types and returned in ``y``'s, as the fused
+    epilogue adds an f32 bias to the fp32 accumulator and rounds once to the output type."""
+    wide = torch.promote_types(y.dtype, bias.dtype)
+    return (y.to(wide) + bias).to(y.dtype)
+
+
+# Per requested spec field, how torch applies it to a GEMM's result (Plan.unfused), given the
+# call's bias tensor: in the spec's field order, the order the epilogue applies them.
+UNFUSED = {"bias": lambda value, y, bias: add_bias(y, bias),
+           "activation": lambda value, y, bias: ACTIVATIONS[value](y)}
 
 
 def activation_token(activation) -> str:
@@ -146,6 +158,26 @@ def activation_token(activation) -> str:
         raise ValueError(f"activation: {activation!r} is not one of {', '.join(repr(a) for a in ACTIVATIONS)} "
                          "(or None)")
     return value
+
+
+def bias_token(bias: Tensor, x: Tensor, n: int) -> str:
+    """The bias's element type as a kernel's ``bias`` field spells it, after checking it as every
+    ``linear`` call does: a contiguous (N,) vector on ``x``'s device, of ``x``'s type or float32.
+    TypeError or ValueError naming ``bias`` otherwise."""
+    if not isinstance(bias, Tensor):
+        raise TypeError(f"bias: expected a torch tensor of shape ({n},) or None, got {type(bias).__name__}")
+    if bias.dim() != 1 or bias.shape[0] != n:
+        raise ValueError(f"bias: expected shape ({n},), one value per output feature (weight's N), got "
+                         f"{list(bias.shape)}")
+    if bias.dtype != x.dtype and bias.dtype != torch.float32:
+        raise ValueError(f"bias: dtype {bias.dtype} is neither x's ({x.dtype}) nor torch.float32; convert it "
+                         f"with bias.to({x.dtype})")
+    if bias.device != x.device:
+        raise ValueError(f"bias: on {bias.device} while x is on {x.device}; move it with bias.to(x.device)")
+    if n > 1 and bias.stride(0) != 1:
+        raise ValueError(f"bias: stride {bias.stride(0)} is not contiguous (the epilogue reads bias[n] at "
+                         "n elements from its start); pass bias.contiguous()")
+    return torch_dtype_token(bias.dtype)
 
 
 def _refuse_out_with_grad(name: str, out, *inputs) -> None:
@@ -204,27 +236,30 @@ def _scaling(scale_format: str) -> tuple[tuple[str, object], ...]:
 
 def linear(bundle, x: Tensor, weight: Tensor, bias: Tensor | None, activation, residual: Tensor | None,
            out: Tensor | None):
-    """``activation(F.linear(x, weight, bias)) + residual``: the GEMM and its activation fused where a
-    kernel computes the activation and nothing comes between them; bias, residual and any activation
-    no kernel fuses are applied by torch. Differentiable (unfused when an input requires grad)."""
+    """``activation(F.linear(x, weight, bias)) + residual``: the GEMM, its bias and its activation fused
+    where a kernel computes them; what no kernel fuses (a kernel may fuse the bias and leave the
+    activation), and the residual, torch applies after it. The result has x's dtype. Differentiable
+    (unfused when an input requires grad)."""
     act = activation_token(activation)
     if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"weight: expected (N, K) with K = x's last dimension, got weight {list(weight.shape)} "
                          f"and x {list(x.shape)} (F.linear semantics: x (..., K) @ weight.T)")
+    bias_type = "none" if bias is None else bias_token(bias, x, weight.shape[0])
     needs_grad = _grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias, residual))
     _refuse_out_with_grad("linear", out, *(t for t in (x, weight, bias, residual) if t is not None))
-    fused = act if bias is None and not needs_grad else "none"
     rows = x.reshape(-1, x.shape[-1])
-    if _is_compiling() or needs_grad:
-        y = gemm_op(rows, weight.t(), bundle_ref(bundle), "", False, fused)
+    if needs_grad:
+        y = gemm_op(rows, weight.t(), bundle_ref(bundle), "", False, "none")
+        if bias is not None:
+            y = add_bias(y, bias)
+        y = ACTIVATIONS[act](y)
+    elif _is_compiling():
+        y = gemm_op(rows, weight.t(), bundle_ref(bundle), "", False, act, bias)
     else:
         if not isinstance(bundle, Bundle):
             bundle = resolve(bundle_ref(bundle), x.get_device())
-        y = run_gemm(bundle, rows, weight.t(), None, None, None, () if fused == "none" else (("activation", fused),))
-    if bias is not None:
-        y = y + bias
-    if fused == "none":
-        y = ACTIVATIONS[act](y)
+        y = run_gemm(bundle, rows, weight.t(), None, None, None, requested_epilogue(bias=bias_type, activation=act),
+                     bias)
     y = y.reshape(*x.shape[:-1], weight.shape[0])
     if residual is not None:
         y = y + residual
@@ -244,13 +279,15 @@ def _gemm_node(ref: str, a: Tensor, b: Tensor, out: Tensor | None, kernel: str):
 # -- the hot path ----------------------------------------------------------------------------------
 
 
-def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, kernel=None, requested=()):
+def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, kernel=None, requested=(),
+             bias: Tensor | None = None):
     """``bundle.gemm`` for torch tensors, written out in one function. ``requested``: the epilogue
     the call asks for (GemmProblem.requested); what no kernel computes, torch applies after it.
+    ``bias``: the (N,) vector a requested ``bias`` adds, checked by the caller (:func:`bias_token`).
 
-    A cached call costs the signature key, one dictionary look-up, three pointer
-    reads, the current stream, one 6-field pack into the thread's call block and
-    one ctypes call.
+    A cached call costs the signature key, one dictionary look-up, three or four
+    pointer reads, the current stream, one 7-field pack into the thread's call
+    block and one ctypes call.
     """
     if out is None:
         key = (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype, b.get_device(), kernel,
@@ -264,7 +301,8 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
                            kernel, allow_split=True, requested=requested)
         bundle.remember(key, plan)
     if plan.unfused:
-        return _apply_unfused(plan, run_gemm(bundle, a, b, None, stream, kernel), out, stream)
+        fused = tuple(r for r in requested if r not in plan.unfused)
+        return _apply_unfused(plan, run_gemm(bundle, a, b, None, stream, kernel, fused, bias), out, stream, bias)
     if out is None:
         out = _allocate(plan.problem.out_shape, plan.problem.k, a.dtype, a.device)
     block = plan.block
@@ -283,19 +321,19 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
         handle = _stream_handle(stream, plan.problem.device)
     lib = bundle._lib
     buf = lib.call_buffer("gemm")
-    _pack_call(buf, 0, pa, pb, pc, 0, 0, handle)
+    _pack_call(buf, 0, pa, pb, pc, 0, 0, 0 if bias is None else bias.data_ptr(), handle)
     status = lib.run["gemm"](block, buf)
     if status:
         raise LaunchError(plan.kernel_id, lib.error_name(status), lib.error_string(status))
     return out
 
 
-def _apply_unfused(plan, result: Tensor, out: Tensor | None, stream) -> Tensor:
-    """``result`` (the plain GEMM a kernel computed) with the requested epilogue no kernel computes
-    applied by torch, into ``out`` if given."""
+def _apply_unfused(plan, result: Tensor, out: Tensor | None, stream, bias: Tensor | None = None) -> Tensor:
+    """``result`` (what a kernel computed of the GEMM and its epilogue) with the rest of the requested
+    epilogue, which no kernel computes, applied by torch, into ``out`` if given."""
     with _on_stream(stream, result.get_device()):
         for name, value in plan.unfused:
-            result = UNFUSED[name](value, result)
+            result = UNFUSED[name](value, result, bias)
         if out is None:
             return result
         out.copy_(result)
@@ -303,7 +341,7 @@ def _apply_unfused(plan, result: Tensor, out: Tensor | None, stream) -> Tensor:
 
 
 def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_dtype, out, stream, kernel,
-                    requested=()):
+                    requested=(), bias: Tensor | None = None):
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
     blockwise = _BLOCKWISE in requested
     key = ("scaled", a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.get_device(), b.get_device(),
@@ -322,8 +360,9 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
                 _check_scale(name, scale, plan.problem.device)
         bundle.remember(key, plan)
     if plan.unfused:
-        return _apply_unfused(plan, run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, None, stream, kernel),
-                              out, stream)
+        fused = tuple(r for r in requested if r not in plan.unfused)
+        return _apply_unfused(plan, run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, None, stream, kernel,
+                                                    fused, bias), out, stream, bias)
     if out is None:
         out = _allocate(plan.problem.out_shape, plan.problem.k, out_dtype, a.device)
     if plan.block is None:
@@ -338,7 +377,7 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
         raise ValueError(f"{name}: data pointer is not 4-byte aligned (a float32 view at an odd byte offset); "
                          "pass a fresh float32 tensor")
     bundle.launch(plan, a.data_ptr(), b.data_ptr(), out.data_ptr(), _stream_handle(stream, plan.problem.device),
-                  pa, pb)
+                  pa, pb, 0 if bias is None else bias.data_ptr())
     return out
 
 
@@ -363,14 +402,17 @@ def _fake_result(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 @torch.library.custom_op("tilekiln::gemm", mutates_args=())
-def gemm_op(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool, activation: str) -> Tensor:
-    """``activation(a @ b)`` on ``bundle``'s kernels (fused where one computes it, else applied by
-    torch); with ``fallback``, through ``torch.matmul`` where no kernel accepts the operands (the
-    backward GEMMs, whose layouts the caller did not choose)."""
+def gemm_op(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool, activation: str,
+            bias: Tensor | None = None) -> Tensor:
+    """``activation(a @ b + bias)`` on ``bundle``'s kernels (each fused where one computes it, else
+    applied by torch; ``bias`` an (N,) vector or None); with ``fallback``, through ``torch.matmul``
+    where no kernel accepts the operands (the backward GEMMs, whose layouts the caller did not
+    choose)."""
     target = resolve(bundle, a.get_device())
     if not fallback:
-        requested = () if activation == "none" else (("activation", activation),)
-        return run_gemm(target, a, b, None, None, kernel or None, requested)
+        bias_type = "none" if bias is None else bias_token(bias, a, b.shape[-1])
+        requested = requested_epilogue(bias=bias_type, activation=activation)
+        return run_gemm(target, a, b, None, None, kernel or None, requested, bias)
     try:
         return run_gemm(target, a, b, None, None, None)
     except (NoKernelError, ValueError, TypeError):  # raised before any launch: no kernel takes these operands
@@ -378,7 +420,8 @@ def gemm_op(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool, acti
 
 
 @gemm_op.register_fake
-def _gemm_fake(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool, activation: str) -> Tensor:
+def _gemm_fake(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool, activation: str,
+               bias: Tensor | None = None) -> Tensor:
     return _fake_result(a, b, a.dtype)
 
 
@@ -392,17 +435,17 @@ def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
 
 
 def _gemm_setup(ctx, inputs, output) -> None:
-    a, b, bundle, _, _, activation = inputs
-    ctx.activation = activation
+    a, b, bundle, _, _, activation, bias = inputs
+    ctx.epilogue = activation != "none" or bias is not None
     ctx.save_for_backward(a if ctx.needs_input_grad[1] else None, b if ctx.needs_input_grad[0] else None)
     ctx.shapes = (a.shape, b.shape)
     ctx.bundle = bundle
 
 
 def _gemm_backward(ctx, grad: Tensor):
-    if ctx.activation != "none":
-        raise RuntimeError("tilekiln::gemm with a fused activation has no gradient; tilekiln.linear applies "
-                           "the activation unfused, through torch, when an input requires grad")
+    if ctx.epilogue:
+        raise RuntimeError("tilekiln::gemm with a bias or activation has no gradient; tilekiln.linear applies "
+                           "them unfused, through torch, when an input requires grad")
     a, b = ctx.saved_tensors
     a_shape, b_shape = ctx.shapes
     grad_a = grad_b = None
@@ -415,7 +458,7 @@ def _gemm_backward(ctx, grad: Tensor):
                              "none")
         else:
             grad_b = _sum_to(gemm_op(a.mT, grad, ctx.bundle, "", True, "none"), b_shape)
-    return grad_a, grad_b, None, None, None, None
+    return grad_a, grad_b, None, None, None, None, None
 
 
 gemm_op.register_autograd(_gemm_backward, setup_context=_gemm_setup)

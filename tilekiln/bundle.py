@@ -57,8 +57,8 @@ class Plan:
     run: GemmProblem | None = None  # what the kernel runs: the problem itself, or its K slices
     family: str = ""  # the kernel's family: which tk_run_<family> and call block launch it
     align_mask: int = 0  # the kernel's contract: base alignment - 1, checked against every pointer
-    # Requested fields (GemmProblem.requested) no kernel computes: the torch path applies them
-    # after the kernel, unfused, e.g. (("activation", "silu"),).
+    # The trailing requested fields (GemmProblem.requested) the kernel does not compute: the torch
+    # path applies them after it, unfused, e.g. (("activation", "silu"),) after a bias kernel.
     unfused: tuple[tuple[str, object], ...] = ()
 
 
@@ -420,13 +420,14 @@ class Bundle:
         return torch_path().scaled_gemm(self, a, b, scale_a, scale_b, out_dtype, out, stream, kernel, scale_format)
 
     def launch(self, plan: Plan, pa: int, pb: int, pc: int, stream: int, scale_a: int = 0,
-               scale_b: int = 0) -> None:
-        """Launch a plan made by :meth:`plan` (which loaded its kernel on its device)."""
+               scale_b: int = 0, bias: int = 0) -> None:
+        """Launch a plan made by :meth:`plan` (which loaded its kernel on its device); ``bias``: the
+        address of the (N,) bias vector, read only by a kernel that adds one."""
         if (pa | pb | pc) & plan.align_mask:
             raise_misaligned(pa, pb, pc, plan.align_mask + 1)
         lib = self._lib
         buf = lib.call_buffer(plan.family)
-        _native.CALL[plan.family].pack_into(buf, 0, pa, pb, pc, scale_a, scale_b, stream)
+        _native.CALL[plan.family].pack_into(buf, 0, pa, pb, pc, scale_a, scale_b, bias, stream)
         status = lib.run[plan.family](plan.block, buf)
         if status:
             raise LaunchError(plan.kernel_id, lib.error_name(status), lib.error_string(status))

@@ -33,7 +33,8 @@ SUPPORTED_SCHEMA_MAJOR = 2
 # 3: tk_run(plan, call), the static half packed once per plan. 4: tk_max_active_clusters.
 # 5: one tk_run_<family> per kernel family, its blocks derived from tilekiln/spec.py.
 # 6: the plan block holds each scale's strides (blockwise scales are strided tensors).
-ABI_VERSION = 6
+# 7: the gemm family's bias vector (call block and launcher argument after the scales).
+ABI_VERSION = 7
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from tilekiln._tensors import Operand
-from tilekiln.spec import SCALED_INPUTS, itemsize
+from tilekiln.spec import SCALED_INPUTS, itemsize, requested_fields
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,8 @@ class GemmProblem:
     device: int
     fold_batch: bool  # a 3-D A times a 2-D B computed as one (L*M) x K GEMM
     # What the call asks the kernel to compute beyond the product, by spec field
-    # (tilekiln/spec.py, FieldSpec.requested): (field, value as the manifest spells it).
+    # (tilekiln/spec.py, FieldSpec.requested): (field, value as the manifest spells it), in the
+    # spec's field order, which is the order the epilogue applies them (requested_epilogue).
     requested: tuple[tuple[str, object], ...] = ()
 
     @property
@@ -72,6 +73,18 @@ class GemmProblem:
     def extent(self, name: str) -> int:
         """A problem extent by the name the kernel families give it (tilekiln/spec.py): m, n, k, l."""
         return {"m": self.m, "n": self.n, "k": self.k, "l": self.batch}[name]
+
+
+def requested_epilogue(**asked: object) -> tuple[tuple[str, object], ...]:
+    """GemmProblem.requested for the requested fields ``asked`` (name=value as the manifest spells
+    it, e.g. ``bias="bf16", activation="silu"``): each value other than its field's default, in
+    the spec's field order (bias before activation, the order the epilogue applies them)."""
+    out = []
+    for f, spec in requested_fields():
+        value = asked.get(f.name, spec.codec.plain(f.default))
+        if value != spec.codec.plain(f.default):
+            out.append((f.name, value))
+    return tuple(out)
 
 
 # A row stride that is never used (the matrix has one row) still reaches the

@@ -188,16 +188,17 @@ def choose(kernels: tuple[KernelRecord, ...], problem: GemmProblem, sm_count: in
 
 def choose_fused(choose_for: Callable[[GemmProblem], Choice], problem: GemmProblem
                  ) -> tuple[Choice, tuple[tuple[str, object], ...]]:
-    """The choice for ``problem`` and what of its requested epilogue no kernel computes: where no
-    kernel accepts the problem as requested, the choice without the fields torch can apply after the
-    kernel (FieldSpec.applied_after), which are left to the caller rather than dropped."""
-    choice = choose_for(problem)
-    if choice.kernel is not None or not problem.requested:
-        return choice, ()
-    # What only a kernel computes (FieldSpec.applied_after False, e.g. blockwise scaling) stays asked.
+    """The choice for ``problem`` and what of its requested epilogue no kernel computes. What only a
+    kernel computes (FieldSpec.applied_after False, e.g. blockwise scaling) stays asked. The rest the
+    epilogue applies in the spec's order (bias, then activation), so a kernel that computes the
+    leading ones leaves a correct intermediate for torch to finish: the choice is for the longest
+    leading part some kernel accepts (down to none), and the rest is left to the caller (applied by
+    torch after the kernel) rather than dropped."""
     after = {f.name for f, s in requested_fields() if s.applied_after}
     kept = tuple((name, value) for name, value in problem.requested if name not in after)
-    left = tuple((name, value) for name, value in problem.requested if name in after)
-    if not left:
-        return choice, ()
-    return choose_for(replace(problem, requested=kept)), left
+    epilogue = tuple((name, value) for name, value in problem.requested if name in after)
+    for keep in range(len(epilogue), 0, -1):
+        choice = choose_for(replace(problem, requested=kept + epilogue[:keep]))
+        if choice.kernel is not None:
+            return choice, epilogue[keep:]
+    return choose_for(replace(problem, requested=kept)), epilogue

@@ -128,6 +128,21 @@ class Scaling(str, enum.Enum):
 BLOCKWISE_BLOCK = 128
 
 
+class Bias(str, enum.Enum):
+    """The element type of the per-column bias vector (length N) the epilogue adds to the scaled fp32
+    accumulator before the activation, as ``F.linear`` does; none: the kernel adds no bias and never
+    reads the argument."""
+
+    NONE = "none"
+    BF16 = "bf16"
+    F32 = "f32"
+
+    @property
+    def dtype(self) -> DType | None:
+        """The bias vector's element type; None for none."""
+        return None if self is Bias.NONE else DType(self.value)
+
+
 class Operand(str, enum.Enum):
     """A GEMM input in the problem's terms: A (M x K) or B (K x N)."""
 
@@ -500,6 +515,10 @@ class KernelConfig:
     scaling: Scaling = _field(EnumCodec(Scaling), "how an fp8 GEMM's scales apply: per tensor or per block",
                               Scaling.TENSOR, selection=True, support=("scalings", "values"), requested=True,
                               applied_after=False)
+    # Added before the activation: act(acc * scale + bias), as F.linear followed by the activation.
+    bias: Bias = _field(EnumCodec(Bias, "bias"), "element type of the per-column bias the epilogue adds before "
+                        "the activation, or none", Bias.NONE, selection=True, support=("biases", "values"),
+                        requested=True)
     activation: Activation = _field(EnumCodec(Activation), "the epilogue's elementwise function of the accumulator",
                                     Activation.NONE, selection=True, support=("activations", "values"),
                                     requested=True)
@@ -675,20 +694,32 @@ BLOCK_EXTENTS = {"kb": "k", "nb": "n"}
 
 
 @dataclass(frozen=True)
+class VectorArg:
+    """A contiguous vector along one problem extent (a per-column bias): its data pointer goes in the
+    call block and its length is the plan's ``extent``. Its element type is the kernel's (the
+    template's ``<NAME>_DTYPE``); a kernel that does not use it never reads it."""
+
+    name: str
+    extent: str
+
+
+@dataclass(frozen=True)
 class Family:
-    """A kernel family's launch: ``tensors``, then ``scales``, then the resident cluster count
-    (an int32 the runtime computes per device) and the stream, in that order. A kernel's
-    ``scaling`` decides how its scales are passed (:class:`ScaleArg`)."""
+    """A kernel family's launch: ``tensors``, then ``scales``, then ``vectors``, then the resident
+    cluster count (an int32 the runtime computes per device) and the stream, in that order. A
+    kernel's ``scaling`` decides how its scales are passed (:class:`ScaleArg`)."""
 
     name: str
     extents: tuple[str, ...]  # the problem extents, int32 each in the plan block
     tensors: tuple[TensorArg, ...]
     scales: tuple[ScaleArg, ...]
+    vectors: tuple[VectorArg, ...] = ()
 
     @property
     def arguments(self) -> tuple[str, ...]:
         """The names of the exported launcher's arguments, in order."""
-        return (*(t.name for t in self.tensors), *(s.name for s in self.scales), "resident_clusters", "stream")
+        return (*(t.name for t in self.tensors), *(s.name for s in self.scales), *(v.name for v in self.vectors),
+                "resident_clusters", "stream")
 
     @property
     def plan_format(self) -> str:
@@ -700,8 +731,9 @@ class Family:
 
     @property
     def call_format(self) -> str:
-        """struct format of the call block (tk_call_<family>_t): tensor and scale pointers, then the stream."""
-        return "<" + "Q" * (len(self.tensors) + len(self.scales) + 1)
+        """struct format of the call block (tk_call_<family>_t): tensor, scale and vector pointers, then the
+        stream."""
+        return "<" + "Q" * (len(self.tensors) + len(self.scales) + len(self.vectors) + 1)
 
 
 MAX_EXTENT = 2**31 - 1  # the plan block's extents are int32 (Family.plan_format)
@@ -723,6 +755,7 @@ FAMILIES: dict[str, Family] = {
         # Blockwise: scale_a (M, K/128) M-major, one per row and 128 K; scale_b (ceil(N/128), K/128)
         # K-contiguous, one per 128x128 block of B (docs/runtime.md).
         scales=(ScaleArg("scale_a", ("m", "kb", "l"), 0), ScaleArg("scale_b", ("nb", "kb", "l"), 1)),
+        vectors=(VectorArg("bias", "n"),),
     ),
 }
 

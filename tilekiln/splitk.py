@@ -49,7 +49,8 @@ def parse_label(text: str) -> tuple[str, int]:
 
 def sliced(problem: GemmProblem, split: int) -> GemmProblem | None:
     """The batched problem over ``split`` K slices writing fp32 partials, or None if it cannot be split."""
-    if problem.batch != 1 or problem.fold_batch or problem.out_dtype == PARTIAL_DTYPE:
+    # A requested epilogue (a bias, an activation) belongs to the sum, not to each partial.
+    if problem.batch != 1 or problem.fold_batch or problem.out_dtype == PARTIAL_DTYPE or problem.requested:
         return None
     if problem.k % split or problem.k // split < MIN_SLICE_K:
         return None

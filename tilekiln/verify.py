@@ -107,31 +107,36 @@ def _poisoned(torch, shape, dtype):
 
 def _runs(torch, bundle, kernel: KernelRecord, gen):
     """(description, output, float64 reference) for each run of ``kernel``. A kernel that computes a
-    requested epilogue (an activation) is called asking for it, and its reference applies it."""
+    requested epilogue (a bias, an activation) is called asking for it, with a fresh random bias per
+    shape, and its reference applies it. Such a kernel with an fp32 result writes it directly: an
+    epilogue never runs on split-K partials."""
     from tilekiln import _torch
 
     cfg = kernel.config
     requested = tuple((f.name, spec.codec.plain(getattr(cfg, f.name))) for f, spec in requested_fields()
                       if getattr(cfg, f.name) != f.default)
+    bias_dtype = None if cfg.bias.dtype is None else getattr(torch, HALF.get(cfg.bias.value, "float32"))
+    bias = None
 
     def epilogue(ref):
         for name, value in requested:
-            if name in _torch.UNFUSED:  # an activation; scaling is in the reference's inputs
-                ref = _torch.UNFUSED[name](value, ref)
+            if name in _torch.UNFUSED:  # a bias or an activation; scaling is in the reference's inputs
+                ref = _torch.UNFUSED[name](value, ref, None if bias is None else bias.double())
         return ref
 
     def gemm(a, b, out=None, pin=kernel.id):
-        return _torch.run_gemm(bundle, a, b, out, None, pin, requested)
+        return _torch.run_gemm(bundle, a, b, out, None, pin, requested, bias)
 
     def scaled(a, b, out=None, pin=kernel.id, out_dtype=None, scales=None):
         sa, sb = scales or (scale_a, scale_b)
-        return _torch.run_scaled_gemm(bundle, a, b, sa, sb, out_dtype, out, None, pin, requested)
+        return _torch.run_scaled_gemm(bundle, a, b, sa, sb, out_dtype, out, None, pin, requested, bias)
 
     a_dtype = cfg.dtypes.a.value
     fp8 = a_dtype in FP8
     dtype = getattr(torch, FP8[a_dtype] if fp8 else HALF.get(a_dtype, "float32"))
+    out_dtype = getattr(torch, HALF.get(cfg.dtypes.c.value, "float32"))
     scale_a, scale_b = (torch.tensor([s], device="cuda") for s in SCALES)
-    if cfg.dtypes.c.value == "f32":
+    if cfg.dtypes.c.value == "f32" and not requested:
         for m, n, k, split in SPLIT_SHAPES:
             a = _matrix(torch, m, k, cfg.layout.a_k_major, 1, dtype, gen)[0]
             b = _matrix(torch, k, n, not cfg.layout.b_k_major, 1, dtype, gen)[0]
@@ -162,13 +167,15 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
             continue
         a = _matrix(torch, m, k, cfg.layout.a_k_major, batch, dtype, gen)
         b = _matrix(torch, k, n, not cfg.layout.b_k_major, batch, dtype, gen)
+        if bias_dtype is not None:
+            bias = torch.randn(n, device="cuda", generator=gen).to(bias_dtype)
         what = f"{kernel.id} {batch}x{m}x{n}x{k}"
         if fp8:
-            out = _poisoned(torch, (m, n), torch.bfloat16)
-            scaled(a[0], b[0], out)
+            out = _poisoned(torch, (m, n), out_dtype)
+            scaled(a[0], b[0], out, out_dtype=out_dtype)
             yield what, out, epilogue((a[0].double() @ b[0].double()) * (SCALES[0] * SCALES[1]))
         else:
-            out = _poisoned(torch, (batch, m, n), dtype)
+            out = _poisoned(torch, (batch, m, n), out_dtype)
             gemm(a, b, out)
             yield what, out, epilogue(a.double() @ b.double())
 

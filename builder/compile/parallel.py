@@ -126,6 +126,15 @@ class LocalExecutor:
             yield from self._run(jobs, scratch)
 
     def _run(self, jobs: list[CompileJob], scratch: Path) -> Iterator[Result]:
+        # CPython 3.11's ProcessPoolExecutor does not replace a worker that retires at
+        # max_tasks_per_child while every job is already queued: once each worker has run
+        # JOBS_PER_WORKER jobs the pool waits forever. So no pool gets more jobs than its
+        # workers run before they retire; the next batch gets a fresh pool.
+        batch = self.jobs * JOBS_PER_WORKER
+        for start in range(0, len(jobs), batch):
+            yield from self._run_batch(jobs[start:start + batch], scratch)
+
+    def _run_batch(self, jobs: list[CompileJob], scratch: Path) -> Iterator[Result]:
         waiting = list(jobs)
         while waiting:
             broken = _Broken()

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 # renamed or given a new meaning). Minor: fields added that old readers skip.
 # 2.0: each kernel record is tilekiln/spec.py's KernelRecord (its config under
 # `config`, every field of the spec), written and read through one definition.
-MANIFEST_SCHEMA_VERSION = "2.1"
+# 2.2: `config.bias` (absent: none).
+MANIFEST_SCHEMA_VERSION = "2.2"
 
 
 def runtime_requirement(runtime_version: str) -> str:

@@ -45,6 +45,7 @@ from builder.pipeline.build import BundleResult
 from tilekiln._tensors import Operand
 from tilekiln.bundle import Bundle
 from tilekiln.manifest import VerifiedBundle, read_manifest
+from tilekiln.spec import requested_fields
 
 pytestmark = pytest.mark.compile
 
@@ -150,7 +151,8 @@ def run_kernel(recorded: Recorded, kernel_id: str) -> tuple[list[dict], list[tup
     cfg = ctx.entry.config
     recorded.configure(recorded.records[kernel_id].info.static_smem_bytes,
                        ctx.facts.require("smem_per_block_optin"))
-    requested = tuple((f, getattr(cfg, f).value) for f in ("activation",) if getattr(cfg, f).value != "none")
+    requested = tuple((f.name, spec.codec.plain(getattr(cfg, f.name))) for f, spec in requested_fields()
+                      if getattr(cfg, f.name) != f.default)
     pairs = []
     for m, n, k, batch in PROBLEMS:
         d = cfg.dtypes
@@ -161,7 +163,7 @@ def run_kernel(recorded: Recorded, kernel_id: str) -> tuple[list[dict], list[tup
                                     out_dtype=d.c.value if d.scaled else None, requested=requested)
         resident = recorded.bundle.resident_clusters(recorded.bundle.kernels[plan_index(recorded, kernel_id)], 0)
         before = len(recorded.events())
-        recorded.bundle.launch(plan, a.ptr, b.ptr, c.ptr, 0, 0x7F3000000000, 0x7F3000000010)
+        recorded.bundle.launch(plan, a.ptr, b.ptr, c.ptr, 0, 0x7F3000000000, 0x7F3000000010, 0x7F3000000020)
         (launch,) = [e for e in recorded.events()[before:] if e["event"] == "launch"]
         assert launch["path"] == "driver", launch
         pairs.append((expected_launch(ctx, m, n, batch, resident), recorded_launch(launch)))

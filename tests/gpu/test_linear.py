@@ -1,5 +1,5 @@
-"""tilekiln.linear on the GPU: fused activations against float64, the unfused remainder, gradients,
-and torch.compile."""
+"""tilekiln.linear on the GPU: fused activations and biases against float64, the unfused remainder,
+gradients, and torch.compile."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ pytestmark = pytest.mark.gpu
 ACTIVATIONS = ("relu", "silu", "gelutanh", "geluerf")
 # (M, K, N): decode rows, odd M, N not a multiple of any tile, and a large problem.
 SHAPES = ((1, 512, 1024), (37, 1024, 520), (300, 2048, 1536), (2048, 4096, 1024))
-
-
+# (M, K, N) for the bias kernels: decode rows and odd M on the swapped 64x16 tile (its bias runs
+# along the MMA's rows), N not a multiple of 16, 64, 128 or 256 (the last tile's bias read stops
+# at N), odd M on the ping-pong tiles, a large problem.
+BIAS_SHAPES = ((1, 512, 1000), (13, 1024, 520), (37, 768, 1000), (300, 2048, 1544), (2048, 4096, 1032))
+BIAS_TYPES = ("bf16", "f32")
 
 
 def reference(torch, name):
@@ -43,6 +46,77 @@ def test_fused_activations_match_float64(bundle, torch):
     assert not failures, failures
 
 
+def _poisoned(torch, m, n, dtype):
+    """An (m, n) NaN-filled output whose rows are padded to 16 bytes, as TMA needs."""
+    per16 = 16 // torch.empty((), dtype=dtype).element_size()
+    return torch.full((m, -(-n // per16) * per16), float("nan"), device="cuda", dtype=dtype)[:, :n]
+
+
+def test_every_bias_kernel_matches_float64(bundle, torch):
+    """Each kernel that adds a bias, pinned, writes every element of a NaN-poisoned output with
+    act(x @ w^T + bias) on every shape."""
+    from tilekiln import _torch
+
+    kernels = [k for k in bundle.kernels if k.config.bias.value != "none"]
+    assert {k.config.bias.value for k in kernels} == set(BIAS_TYPES)
+    assert any(k.config.swap_ab for k in kernels)
+    gen = torch.Generator(device="cuda").manual_seed(35)
+    failures = []
+    for kernel in kernels:
+        cfg = kernel.config
+        requested = (("bias", cfg.bias.value),) + (
+            (("activation", cfg.activation.value),) if cfg.activation.value != "none" else ())
+        for m, k, n in BIAS_SHAPES:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+            w = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen) / k**0.5).to(torch.bfloat16)
+            b = torch.randn(n, device="cuda", generator=gen).to(
+                torch.bfloat16 if cfg.bias.value == "bf16" else torch.float32)
+            out = _poisoned(torch, m, n, torch.bfloat16)
+            _torch.run_gemm(bundle, x, w.t(), out, None, kernel.id, requested, b)
+            ref = reference(torch, cfg.activation.value)(x.double() @ w.double().t() + b.double())
+            err = rel_err(out, ref)
+            if not err < 1e-2:  # NaN fails too
+                failures.append(f"{kernel.id} {m}x{k}x{n}: error {err:.3g}")
+    assert not failures, failures
+
+
+def test_linear_fuses_the_bias_and_as_much_of_the_epilogue_as_a_kernel_computes(bundle, torch):
+    """A bf16 bias is fused before every activation, an f32 bias before none and silu; with any other
+    activation the f32-bias kernel runs and torch applies the activation. The result has x's dtype."""
+    import tilekiln
+
+    gen = torch.Generator(device="cuda").manual_seed(36)
+    failures = []
+    for m, k, n in BIAS_SHAPES:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        w = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen) / k**0.5).to(torch.bfloat16)
+        z = x.double() @ w.double().t()
+        for bias_type in BIAS_TYPES:
+            b = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16 if bias_type == "bf16" else torch.float32)
+            for act in ("none", *ACTIVATIONS):
+                choice = tilekiln.explain(x, w.t(), bundle=bundle, bias=b, activation=act)
+                cfg = choice.kernel.config
+                want_act = act if bias_type == "bf16" or act in ("none", "silu") else "none"
+                fused = cfg.bias.value == bias_type and cfg.activation.value == want_act
+                got = tilekiln.linear(x, w, b, activation=act, bundle=bundle)
+                err = rel_err(got, reference(torch, act)(z + b.double()))
+                if not err < 1e-2 or not fused or got.dtype != torch.bfloat16:
+                    failures.append(f"bias {bias_type} {act} {m}x{k}x{n}: error {err:.3g}, {got.dtype}, "
+                                    f"chosen {choice.label}")
+    assert not failures, failures
+
+
+def test_a_bias_over_an_empty_k_is_the_bias(bundle, torch):
+    """K = 0: the product is zero, and the epilogue still adds the bias and applies the activation."""
+    import tilekiln
+
+    x = torch.empty(5, 0, device="cuda", dtype=torch.bfloat16)
+    w = torch.empty(24, 0, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(24, device="cuda", dtype=torch.bfloat16)
+    got = tilekiln.linear(x, w, b, activation="relu", bundle=bundle)
+    assert torch.equal(got, torch.relu(b).expand(5, 24))
+
+
 def test_bias_residual_and_batched_inputs_apply_the_rest_in_torch(bundle, torch):
     import tilekiln
 
@@ -57,6 +131,8 @@ def test_bias_residual_and_batched_inputs_apply_the_rest_in_torch(bundle, torch)
         assert got.shape == (3, 50, 1024) and rel_err(got, ref) < 1e-2, act
     text = str(tilekiln.explain(x.reshape(-1, 768), w.t(), bundle=bundle, activation="silu"))
     assert "_silu" in text.splitlines()[0], text
+    text = str(tilekiln.explain(x.reshape(-1, 768), w.t(), bundle=bundle, bias=b, activation="silu"))
+    assert "_biasbf16_silu" in text.splitlines()[0] and "unfused" not in text, text
 
 
 def test_linear_gradients_match_float64(bundle, torch):
@@ -81,11 +157,15 @@ def test_a_compiled_mlp_matches_eager(bundle, torch):
     x = torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16, generator=gen)
     w1 = torch.randn(2816, 1024, device="cuda", dtype=torch.bfloat16, generator=gen) / 32
     w2 = torch.randn(1024, 2816, device="cuda", dtype=torch.bfloat16, generator=gen) / 53
+    b1 = torch.randn(2816, device="cuda", dtype=torch.bfloat16, generator=gen)
+    b2 = torch.randn(1024, device="cuda", dtype=torch.float32, generator=gen)
 
     def mlp(x):
-        return tilekiln.linear(tilekiln.linear(x, w1, activation="gelutanh", bundle=bundle), w2, residual=x,
+        return tilekiln.linear(tilekiln.linear(x, w1, b1, activation="gelutanh", bundle=bundle), w2, b2, residual=x,
                                bundle=bundle)
 
     eager = mlp(x)
     torch._dynamo.reset()
     assert rel_err(torch.compile(mlp, fullgraph=True)(x), eager.double()) < 1e-3
+    h = torch.nn.functional.gelu(x.double() @ w1.double().t() + b1.double(), approximate="tanh")
+    assert rel_err(eager, h @ w2.double().t() + b2.double() + x.double()) < 2e-2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,25 @@ def test_workers_that_cannot_start_fail_every_job_once(tmp_path, monkeypatch):
     assert sorted(r.kernel_id for r in results) == ["k0", "k1", "k2"]
     assert all(isinstance(r, CompileFailure) and "compile workers cannot start" in r.message for r in results)
     assert {r.rule for r in results} == {"COMPILE-NO-WORKERS"}
+
+
+def test_a_build_of_more_jobs_than_its_workers_run_before_retiring_finishes(tmp_path, monkeypatch):
+    """Workers retire after JOBS_PER_WORKER jobs, which CPython 3.11's pool never replaces while jobs
+    are queued; every job still comes back (here a stand-in DSL fails each one at once)."""
+    fake = tmp_path / "site" / "cutlass"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "cute.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setattr(parallel, "JOBS_PER_WORKER", 2)
+    jobs = [CompileJob(f"k{i}", "sm_90a", "") for i in range(9)]
+    results: list = []
+    runner = threading.Thread(target=lambda: results.extend(parallel.LocalExecutor(2).run(jobs)), daemon=True)
+    runner.start()
+    runner.join(timeout=120)
+    assert not runner.is_alive(), f"the pool hung after {len(results)} of 9 jobs"
+    assert sorted(r.kernel_id for r in results) == [j.kernel_id for j in jobs]
+    assert all(isinstance(r, CompileFailure) and r.rule == "COMPILE-FAILED" for r in results), results
 
 
 def test_no_progress_prints_nothing(capsys):

@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 from hypothesis import given, strategies as st
 
-from tilekiln.spec import (FAMILY_NAMES, Activation, BlockScale, Cluster, DType, DTypes, KernelConfig, KernelIdError,
-                           Layout, Operand, Raster, Scaling, Schedule, Tile, format_kernel_id, parse_kernel_id)
+from tilekiln.spec import (FAMILY_NAMES, Activation, Bias, BlockScale, Cluster, DType, DTypes, KernelConfig,
+                           KernelIdError, Layout, Operand, Raster, Scaling, Schedule, Tile, format_kernel_id,
+                           parse_kernel_id)
 
 configs = st.builds(
     KernelConfig,
@@ -27,6 +28,7 @@ configs = st.builds(
     block_scale=st.one_of(st.none(), st.builds(BlockScale, st.sampled_from(DType), st.integers(1, 64))),
     swap_ab=st.booleans(),
     evict_first=st.frozensets(st.sampled_from(Operand)),
+    bias=st.sampled_from(Bias),
     activation=st.sampled_from(Activation),
     scaling=st.sampled_from(Scaling),
 )
@@ -58,6 +60,14 @@ def test_evict_first_names_the_problem_operands_and_maps_to_the_mma_under_swap_a
     assert format_kernel_id(both).endswith("_efab_s12")
 
 
+def test_the_bias_precedes_the_activation_in_the_id():
+    config = parse_kernel_id("gemm_sm90_bf16_bf16_f32_bf16_tn_64x16x64_c2x1_swapab_biasbf16_silu_efb")
+    assert config.bias is Bias.BF16 and config.bias.dtype is DType.BF16 and config.activation is Activation.SILU
+    assert Bias.NONE.dtype is None
+    with pytest.raises(KernelIdError):
+        parse_kernel_id("gemm_sm90_bf16_bf16_f32_bf16_tn_64x16x64_c2x1_silu_biasbf16")
+
+
 def test_tcgen05_options_parse():
     config = parse_kernel_id("gemm_sm103_e2m1_e2m1_f32_bf16_tn_128x256x768_c2x1_2cta_sfe4m3x16_s3")
     assert config.cta_group == 2 and config.block_scale == BlockScale(DType.E4M3, 16) and config.stages == 3
@@ -84,6 +94,7 @@ PERTURBATIONS = {
     "block_scale": BlockScale(DType.E4M3, 16),
     "swap_ab": True,
     "evict_first": frozenset({Operand.B}),
+    "bias": Bias.F32,
     "activation": Activation.GELU_TANH,
     "scaling": Scaling.BLOCKWISE,
 }

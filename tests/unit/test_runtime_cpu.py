@@ -609,3 +609,43 @@ def test_a_requested_activation_runs_only_on_a_kernel_that_computes_it():
     choice, unfused = choose_fused(lambda p: choose(kernels, p, 132, {}), gelu)
     assert choice.kernel is not None and choice.kernel.config.activation.value == "none"
     assert unfused == (("activation", "geluerf"),)
+
+
+def test_a_requested_bias_runs_on_a_kernel_of_its_type_and_the_epilogue_fuses_its_leading_part():
+    """A bias is asked for by type; the epilogue adds it before the activation, so a kernel that adds
+    the bias alone leaves torch a correct intermediate to finish, but one with the activation alone
+    cannot run a bias call (the bias would come after the activation)."""
+    from tilekiln.problem import requested_epilogue
+    from tilekiln.select import choose_fused
+
+    bias = kernel_record(7, "k7_biasbf16", (128, 256, 64), bias="bf16")
+    bias_silu = kernel_record(8, "k8_biasbf16_silu", (128, 256, 64), bias="bf16", activation="silu")
+    relu = kernel_record(9, "k9_relu", (128, 256, 64), activation="relu")
+    kernels = (*KERNELS, bias, bias_silu, relu)
+    assert requested_epilogue(bias="bf16", activation="none") == (("bias", "bf16"),)
+    assert requested_epilogue(activation="relu", bias="f32") == (("bias", "f32"), ("activation", "relu"))
+    assert requested_epilogue(bias="none", activation="none") == ()
+
+    def fused(**asked):
+        problem = replace(tn(1024, 1024, 1024), requested=requested_epilogue(**asked))
+        choice, unfused = choose_fused(lambda p: choose(kernels, p, 132, {}), problem)
+        return choice.kernel.id, unfused
+
+    assert check_kernel(bias, tn(1024, 1024, 1024)) == "bias: kernel computes bf16, the call asks for none"
+    assert fused(bias="bf16") == ("k7_biasbf16", ())
+    assert fused(bias="bf16", activation="silu") == ("k8_biasbf16_silu", ())
+    assert fused(bias="bf16", activation="geluerf") == ("k7_biasbf16", (("activation", "geluerf"),))
+    # No f32 bias kernel: the plain GEMM runs and torch adds the bias, then applies relu; the relu
+    # kernel is no use, as its activation would come before the bias.
+    plain, unfused = fused(bias="f32", activation="relu")
+    assert plain.startswith("k") and "bias" not in plain and "relu" not in plain
+    assert unfused == (("bias", "f32"), ("activation", "relu"))
+    assert fused(activation="relu") == ("k9_relu", ())
+
+
+def test_a_requested_epilogue_never_runs_split_k():
+    """The epilogue belongs to the sum of the K slices, not to each fp32 partial."""
+    deep = tn(64, 4096, 8192)
+    assert sliced(deep, 2) is not None
+    assert sliced(replace(deep, requested=(("bias", "bf16"),)), 2) is None
+    assert sliced(replace(deep, requested=(("activation", "silu"),)), 2) is None

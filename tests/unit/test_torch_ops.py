@@ -176,16 +176,17 @@ def test_a_compiled_training_step_records_the_backward_gemms(bundle):
 
 
 @pytest.mark.parametrize("x_shape, bias, residual", [((64, 32), False, False), ((2, 8, 32), True, True)])
-def test_linear_is_one_graph_with_its_activation_in_the_gemm_node(fake, bundle, x_shape, bias, residual):
-    """Without bias the activation rides in the tilekiln::gemm node (fused where a kernel computes
-    it); bias and residual follow as torch ops, and the activation then after the bias."""
+def test_linear_is_one_graph_with_its_bias_and_activation_in_the_gemm_node(fake, bundle, x_shape, bias, residual):
+    """The bias and the activation ride in the tilekiln::gemm node (fused where a kernel computes
+    them, else applied by torch inside it); the residual follows as a torch op."""
     x, w = cuda(*x_shape), cuda(96, 32)
     b = cuda(96) if bias else None
     r = cuda(*x_shape[:-1], 96) if residual else None
     result, ops = traced(lambda: tilekiln.linear(x, w, b, activation="silu", residual=r, bundle=bundle))
-    assert tuple(result.shape) == (*x_shape[:-1], 96)
+    assert tuple(result.shape) == (*x_shape[:-1], 96) and result.dtype == BF16
     assert ops.count("tilekiln.gemm.default") == 1
-    assert ("aten.silu.default" in ops or "silu" in str(ops)) == bias, ops
+    assert "silu" not in str(ops), ops
+    assert sum("add" in op for op in ops) == residual, ops
 
 
 def test_linear_gradients_flow_unfused(bundle):
@@ -204,3 +205,25 @@ def test_linear_names_its_bad_arguments(fake, bundle):
         tilekiln.linear(x, w, activation="tanh", bundle=bundle)
     with pytest.raises(ValueError, match=r"weight: expected \(N, K\) with K = x's last dimension"):
         tilekiln.linear(x, cuda(96, 16), bundle=bundle)
+
+
+def test_linear_names_a_bad_bias(fake, bundle):
+    """Every call checks the bias, fused or not: a contiguous (N,) vector of x's type or float32 on
+    x's device."""
+    x, w = cuda(8, 32), cuda(96, 32)
+    cases = (
+        (TypeError, r"bias: expected a torch tensor of shape \(96,\) or None, got list", [0.0] * 96),
+        (ValueError, r"bias: expected shape \(96,\), one value per output feature \(weight's N\), got \[1, 96\]",
+         cuda(1, 96)),
+        (ValueError, r"bias: expected shape \(96,\).*got \[95\]", cuda(95)),
+        (ValueError, r"bias: dtype torch.float16 is neither x's \(torch.bfloat16\) nor torch.float32",
+         cuda(96, dtype=torch.float16)),
+        (ValueError, r"bias: on meta while x is on cuda:0; move it with bias.to\(x.device\)", meta(96)),
+        (ValueError, r"bias: stride 2 is not contiguous.*pass bias.contiguous\(\)",
+         torch.empty_strided((96,), (2,), dtype=BF16, device="cuda")),
+    )
+    for error, message, bias in cases:
+        with pytest.raises(error, match=message):
+            tilekiln.linear(x, w, bias, bundle=bundle)
+        with pytest.raises(Exception, match=message):  # torch.compile wraps it, message and all
+            traced(lambda: tilekiln.linear(x, w, bias, activation="relu", bundle=bundle))

@@ -155,3 +155,31 @@ def check_blockwise(ctx: KernelContext) -> Iterator[Diagnostic]:
                        f"blockwise scaling reads A (M, K) and B (N, K) both K-major, unswapped; got layout "
                        f"{cfg.layout.code}{' with swap_ab' if cfg.swap_ab else ''}",
                        "use layout tn without swap_ab", layout=cfg.layout.code, swap_ab=cfg.swap_ab)
+
+
+# The outputs a bias kernel writes: the epilogue adds the bias to the scaled fp32 accumulator
+# and rounds the sum once to C, which must hold a float.
+_BIAS_OUTPUTS = ("bf16", "f16", "f32")
+
+
+@rule("BIAS-OUTPUT", "a kernel that adds a bias writes a 16-bit float or f32 result")
+def check_bias_output(ctx: KernelContext) -> Iterator[Diagnostic]:
+    cfg = ctx.entry.config
+    if cfg.bias.dtype is not None and cfg.dtypes.c.value not in _BIAS_OUTPUTS:
+        yield ctx.diag("BIAS-OUTPUT", "bias", f"bias {cfg.bias.value} is added to the fp32 accumulator before it "
+                       f"is rounded to C, but C is {cfg.dtypes.c.value}, not a float type that holds the sum "
+                       f"({', '.join(_BIAS_OUTPUTS)})", "remove bias, or use an output type of "
+                       f"{', '.join(_BIAS_OUTPUTS)}", bias=cfg.bias.value, c=cfg.dtypes.c,
+                       bias_outputs=list(_BIAS_OUTPUTS))
+
+
+@rule("BIAS-DTYPE", "the bias is float32 or of the output's type, as a call passes it")
+def check_bias_dtype(ctx: KernelContext) -> Iterator[Diagnostic]:
+    cfg = ctx.entry.config
+    bias, c = cfg.bias.dtype, cfg.dtypes.c
+    if bias is None or bias.value == "f32" or c.value not in _BIAS_OUTPUTS or bias == c:
+        return
+    yield ctx.diag("BIAS-DTYPE", "bias", f"bias {bias.value} with a {c.value} result: tilekiln.linear passes a bias "
+                   f"of its result's type or float32, so no call would ever run this kernel",
+                   f"use bias f32, or bias {c.value}" if c.value != "f32" else "use bias f32",
+                   bias=bias, c=c)
