@@ -444,7 +444,7 @@ def _field(codec: Codec, description: str, default: Any = dataclasses.MISSING, *
     return field(default=default, metadata={"spec": FieldSpec(codec, description, **spec)})
 
 
-FAMILY_NAMES = ("gemm",)
+FAMILY_NAMES = ("gemm", "grouped")
 # ASCII digits only (`\d` also matches Arabic-Indic and full-width digits), at most four:
 # a pipeline name is part of every kernel id, which names files.
 PIPELINE_PATTERN = r"sm[1-9][0-9]{1,3}"
@@ -646,19 +646,32 @@ class ScaleArg:
 
 
 @dataclass(frozen=True)
+class IndexArg:
+    """An int32 vector in device memory with one entry per index of the problem extent ``extent``
+    (a grouped GEMM's cumulative row ends), passed by its pointer: the kernel takes its length
+    from the extent, which may be at most ``limit``."""
+
+    name: str
+    extent: str
+    limit: int
+
+
+@dataclass(frozen=True)
 class Family:
-    """A kernel family's launch: ``tensors``, then ``scales``, then the resident cluster count
-    (an int32 the runtime computes per device) and the stream, in that order."""
+    """A kernel family's launch: ``tensors``, then ``indices``, then ``scales``, then the resident
+    cluster count (an int32 the runtime computes per device) and the stream, in that order."""
 
     name: str
     extents: tuple[str, ...]  # the problem extents, int32 each in the plan block
     tensors: tuple[TensorArg, ...]
     scales: tuple[ScaleArg, ...]
+    indices: tuple[IndexArg, ...] = ()
 
     @property
     def arguments(self) -> tuple[str, ...]:
         """The names of the exported launcher's arguments, in order."""
-        return (*(t.name for t in self.tensors), *(s.name for s in self.scales), "resident_clusters", "stream")
+        return (*(t.name for t in self.tensors), *(i.name for i in self.indices), *(s.name for s in self.scales),
+                "resident_clusters", "stream")
 
     @property
     def plan_format(self) -> str:
@@ -669,11 +682,15 @@ class Family:
 
     @property
     def call_format(self) -> str:
-        """struct format of the call block (tk_call_<family>_t): tensor and scale pointers, then the stream."""
-        return "<" + "Q" * (len(self.tensors) + len(self.scales) + 1)
+        """struct format of the call block (tk_call_<family>_t): tensor, index and scale pointers, then the
+        stream."""
+        return "<" + "Q" * (len(self.tensors) + len(self.indices) + len(self.scales) + 1)
 
 
 MAX_EXTENT = 2**31 - 1  # the plan block's extents are int32 (Family.plan_format)
+# Most groups of a grouped GEMM: its kernels build a table of every group's row end and first
+# work item in shared memory (2 x 4 bytes per group, plus one entry each) at launch.
+MAX_GROUPS = 256
 
 
 def plain_int(value: Any, what: str, low: int = 0, high: int = MAX_EXTENT) -> int:
@@ -690,6 +707,17 @@ FAMILIES: dict[str, Family] = {
         tensors=(TensorArg("a", ("m", "k", "l"), "a"), TensorArg("b", ("n", "k", "l"), "b"),
                  TensorArg("c", ("m", "n", "l"))),
         scales=(ScaleArg("scale_a"), ScaleArg("scale_b")),
+    ),
+    # G GEMMs sharing N and K (a mixture-of-experts layer): A's rows are sorted by group and
+    # offs[g] is the end of group g's rows (torch._grouped_mm's contiguous layout); B holds one
+    # N x K matrix per group, C one row per row of A. A and C are single matrices: the kernel
+    # ignores their batch mode, whose extent is G only so that every tensor has three.
+    "grouped": Family(
+        "grouped", extents=("m", "n", "k", "g"),
+        tensors=(TensorArg("a", ("m", "k", "g"), "a"), TensorArg("b", ("n", "k", "g"), "b"),
+                 TensorArg("c", ("m", "n", "g"))),
+        scales=(ScaleArg("scale_a"), ScaleArg("scale_b")),
+        indices=(IndexArg("offs", "g", MAX_GROUPS),),
     ),
 }
 
