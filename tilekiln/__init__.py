@@ -19,7 +19,7 @@ from tilekiln.errors import (BundleCompatibilityError, BundleError, BundleIntegr
                              NoKernelError, TilekilnError)
 
 __version__ = "0.2.0"
-__all__ = ["load", "bundles", "gemm", "linear", "scaled_gemm", "explain", "Bundle", "TilekilnError", "BundleError",
+__all__ = ["load", "bundles", "gemm", "linear", "scaled_gemm", "grouped_gemm", "explain", "Bundle", "TilekilnError", "BundleError",
            "BundleIntegrityError", "BundleCompatibilityError", "NoKernelError", "LaunchError"]
 
 
@@ -150,10 +150,27 @@ def scaled_gemm(a, b, scale_a, scale_b, *, out_dtype=None, out=None, bundle=None
     return fast.scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream)
 
 
-def explain(a, b, *, out=None, bundle=None, backward=None, activation=None):
+def grouped_gemm(a, b, offs, *, scale_a=None, scale_b=None, out=None, bundle=None, stream=None):
+    """``torch._grouped_mm(a, b, offs=offs)``: a (total_M, K) with rows sorted by group, b (G, K, N) (pass
+    nn.Linear-style (G, N, K) weights as ``w.transpose(1, 2)``), offs an int32 CUDA tensor of the G
+    cumulative row ends; out (total_M, N). fp8 (e4m3) inputs take per-tensor ``scale_a`` and ``scale_b``
+    (one-element float32) and give bf16. One launch, no host synchronization: it captures in a CUDA
+    graph and replays with new offsets. The kernel clamps each end into [previous end, total_M]; rows
+    past the last end are not written (docs/runtime.md). Takes torch tensors; not differentiable."""
+    fast = _torch_operands(a, b)
+    if fast is None:
+        raise TypeError("grouped_gemm takes torch tensors (a and b); the operands given are "
+                        f"{type(a).__name__} and {type(b).__name__}")
+    return fast.grouped_gemm(bundle, a, b, offs, scale_a, scale_b, out, stream)
+
+
+def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, offs=None):
     """The kernel ``gemm`` would run for these operands, why, and why not the others; with
     ``backward`` (by default when an input requires grad), what the gradient's GEMMs run on; with
-    ``activation``, whether a kernel fuses it (as ``linear`` would ask)."""
+    ``activation``, whether a kernel fuses it (as ``linear`` would ask); with ``offs``, the kernel
+    ``grouped_gemm(a, b, offs)`` would run."""
+    if offs is not None:
+        return _bundle_for(a, bundle).explain_grouped(a, b, offs, out)
     requested = () if activation is None else (("activation", getattr(activation, "value", activation)),)
     return _bundle_for(a, bundle).explain(a, b, out, backward=backward, requested=requested)
 
