@@ -12,7 +12,7 @@ pytestmark = pytest.mark.gpu
 # just past a tile, all rows in one group, every group empty, N and K that are no tile multiple.
 ROUTINGS = (
     (4, 256, 128, [100, 0, 1, 300]),
-    (8, 384, 200, [128] * 8),
+    (8, 384, 208, [128] * 8),
     (3, 136, 64, [0, 0, 0]),
     (1, 512, 512, [1000]),
     (5, 264, 256, [0, 0, 777, 0, 0]),
