@@ -69,7 +69,8 @@ def test_glue_exports_a_grouped_launcher_with_offs_in_the_call_block():
     from builder.compile.objfile import EntryPoints
 
     entry = EntryPoints("p", "p_init", "p_load", "p_launch")
-    text = render_glue("sm90a", [LinkInput("gemm_x", "gemm", b"", entry), LinkInput("grouped_x", "grouped", b"", entry)])
+    text = render_glue("sm90a", [LinkInput("gemm_x", "gemm", b"", entry),
+                                 LinkInput("grouped_x", "grouped", b"", entry)])
     assert "TK_EXPORT int tk_run_grouped(const tk_plan_grouped_t *plan, const tk_call_grouped_t *call)" in text
     call = text.split("} tk_call_grouped_t;")[0].rsplit("typedef struct {", 1)[1]
     assert call.split() == ["void", "*a,", "*b,", "*c;", "void", "*offs;", "/*", "int32", "vectors,", "one", "entry",
@@ -102,7 +103,8 @@ def test_no_rows_or_no_k_is_a_problem_without_a_launch():
 
 
 BAD = [
-    (op("a", (4, 8, 16)), weights(2, 32, 16), op("offs", (2,), dtype="i32"), None, False, ValueError, "a: expected a 2-D"),
+    (op("a", (4, 8, 16)), weights(2, 32, 16), op("offs", (2,), dtype="i32"), None, False, ValueError,
+     "a: expected a 2-D"),
     (op("a", (8, 16)), op("b", (32, 16)), op("offs", (2,), dtype="i32"), None, False, ValueError, "b: expected a 3-D"),
     (op("a", (8, 16)), weights(2, 32, 24), op("offs", (2,), dtype="i32"), None, False, ValueError, "b's K 24"),
     (op("a", (8, 16)), weights(2, 32, 16), op("offs", (3,), dtype="i32"), None, False, ValueError,
@@ -233,5 +235,7 @@ def test_template_renders_a_grouped_kernel_whose_table_the_smem_model_counts():
         assert ctx.plan.smem.table_bytes == 2 * (MAX_GROUPS + 1) * 4
         text = render_kernel(ctx).text
         assert "TABLE_ENTRIES = 256 + 1" in text
-        assert "def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor,\n" \
-               "                 offs: cute.Tensor,\n                 scale_a: cute.Tensor, scale_b: cute.Tensor," in text
+        signature = ("def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor,\n"
+                     "                 offs: cute.Tensor,\n"
+                     "                 scale_a: cute.Tensor, scale_b: cute.Tensor,")
+        assert signature in text
