@@ -19,8 +19,8 @@ from tilekiln.errors import (BundleCompatibilityError, BundleError, BundleIntegr
                              NoKernelError, TilekilnError)
 
 __version__ = "0.2.0"
-__all__ = ["load", "bundles", "gemm", "linear", "scaled_gemm", "grouped_gemm", "explain", "Bundle", "TilekilnError", "BundleError",
-           "BundleIntegrityError", "BundleCompatibilityError", "NoKernelError", "LaunchError"]
+__all__ = ["load", "bundles", "gemm", "linear", "scaled_gemm", "grouped_gemm", "explain", "Bundle", "TilekilnError",
+           "BundleError", "BundleIntegrityError", "BundleCompatibilityError", "NoKernelError", "LaunchError"]
 
 
 def load(path_or_name, *, trusted_keys=None):
