@@ -16,7 +16,10 @@ before capture (it is what an eager MoE layer without a grouped kernel runs); ti
 torch._grouped_mm read ``offs`` on the device. The dense GEMM multiplies all the layer's rows by
 one expert's weights: the same FLOPs with no grouping, the bar the issue sets.
 
-    python3 bench/moe.py --bundle artifacts/sm90a --json bench/results/h200-<date>-moe.json
+``--masked 1,8,64`` also times the masked layout (tilekiln.grouped_gemm_masked) at those rows per
+expert against the per-expert loop (bf16).
+
+    python3 bench/moe.py --bundle artifacts/sm90a --masked 1,8,64 --json bench/results/h200-<date>-moe.json
 """
 
 from __future__ import annotations
@@ -160,6 +163,52 @@ def run_layer(bundle, name: str, tokens: int, args, gen) -> dict:
     return row
 
 
+def run_masked(bundle, name: str, per_expert: int, args, gen) -> dict:
+    """Decode through the masked layout: each expert's rows in a slot of M_max = ``per_expert``
+    rows, the counts drawn around it (skewed, some experts empty), against the per-expert loop."""
+    groups, hidden, n, _ = LAYERS[name]
+    weights = torch.arange(1, groups + 1, device="cuda", dtype=torch.float64) ** -args.skew
+    share = weights[torch.randperm(groups, device="cuda", generator=gen)] / weights.max()
+    counts = (share * per_expert).round().clamp(0, per_expert).to(torch.int32)
+    masked_m = counts.clone()
+    a = torch.randn(groups, per_expert, hidden, device="cuda", generator=gen).to(torch.bfloat16)
+    w = (torch.randn(groups, n, hidden, device="cuda", generator=gen) / hidden**0.5).to(torch.bfloat16)
+    b = w.transpose(1, 2)
+    out = torch.full((groups, per_expert, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    bundle.grouped_gemm_masked(a, b, masked_m, out=out)
+    host_counts = counts.tolist()
+    for g in range(0, groups, max(1, groups // 8)):
+        rows = host_counts[g]
+        if rows:
+            ref = a[g, :rows].double() @ w[g].double().t()
+            err = ((out[g, :rows].double() - ref).norm() / ref.norm()).item()
+            if not err < 1e-2:
+                raise SystemExit(f"numerics check failed: masked group {g}: relative error {err}")
+    kernel = bundle.explain_grouped(a, b, masked_m, masked=True).kernel.id
+
+    def tk(i):
+        bundle.grouped_gemm_masked(a, b, masked_m, out=out)
+
+    def loop(i):
+        for g in range(groups):
+            if host_counts[g]:
+                torch.mm(a[g, :host_counts[g]], b[g], out=out[g, :host_counts[g]])
+
+    flops = 2 * sum(host_counts) * n * hidden
+    iters = 50
+    timers = {"tilekiln": timer(tk, iters, args.settle_ms, f"{name} masked tilekiln"),
+              "loop": timer(loop, iters, args.settle_ms, f"{name} masked loop")}
+    times = {side: [] for side in timers}
+    for _ in range(args.rounds):
+        for side, t in timers.items():
+            times[side].append(t())
+    ms = {side: statistics.median(t) for side, t in times.items()}
+    return {"layer": name, "layout": "masked", "m_max": per_expert, "rows": sum(host_counts), "groups": groups,
+            "k": hidden, "n": n, "kernel": kernel, "ms": {side: round(v, 5) for side, v in ms.items()},
+            "tflops": {side: round(flops / v / 1e9, 1) for side, v in ms.items()},
+            "vs_loop": round(ms["loop"] / ms["tilekiln"], 4)}
+
+
 def geomean(values: list[float]) -> float | None:
     return round(math.exp(statistics.fmean(math.log(v) for v in values)), 4) if values else None
 
@@ -171,6 +220,8 @@ def main() -> None:
     p.add_argument("--layers", default=",".join(LAYERS), help="comma-separated, of: " + ", ".join(LAYERS))
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     p.add_argument("--skew", type=float, default=1.0, help="routing skew: probability ~ rank^-skew")
+    p.add_argument("--masked", default="", help="also time the masked layout at these rows per expert "
+                   "(M_max), e.g. 1,8,64")
     p.add_argument("--rounds", type=int, default=4, help="interleaved timed blocks per side")
     p.add_argument("--settle-ms", type=float, default=SETTLE_MS)
     p.add_argument("--seed", type=int, default=0)
@@ -187,7 +238,16 @@ def main() -> None:
             print(f"{name:16s} {tokens:6d} tok {row['rows']:7d} rows  " + "  ".join(
                 f"{side} {t[side]:6.1f}" for side in SIDES if side in t) + f"  {row['kernel']}", flush=True)
             torch.cuda.empty_cache()
+    masked = []
+    for name in args.layers.split(",") if args.masked else ():
+        for per_expert in map(int, args.masked.split(",")):
+            row = run_masked(bundle, name, per_expert, args, gen)
+            masked.append(row)
+            print(f"{name:16s} masked M_max {per_expert:3d}  tilekiln {row['ms']['tilekiln'] * 1e3:8.1f} us  "
+                  f"loop {row['ms']['loop'] * 1e3:8.1f} us  x{row['vs_loop']:.2f}  {row['kernel']}", flush=True)
+            torch.cuda.empty_cache()
     summary = {
+        "masked_geomean_vs_loop": geomean([r["vs_loop"] for r in masked]),
         "geomean_vs_torch_grouped_mm": geomean([r["vs_torch_grouped_mm"] for r in rows if "vs_torch_grouped_mm" in r]),
         "geomean_vs_loop": geomean([r["vs_loop"] for r in rows if "vs_loop" in r]),
         "min_vs_dense_at_4096_tokens_and_above": min(
@@ -196,7 +256,8 @@ def main() -> None:
     print(json.dumps(summary))
     result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
               "torch": torch.__version__, "bundle": bundle.name, "dtype": args.dtype, "skew": args.skew,
-              "rounds": args.rounds, "settle_ms": args.settle_ms, "summary": summary, "results": rows}
+              "rounds": args.rounds, "settle_ms": args.settle_ms, "summary": summary, "results": rows,
+              "masked": masked}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
 

@@ -444,7 +444,7 @@ def _field(codec: Codec, description: str, default: Any = dataclasses.MISSING, *
     return field(default=default, metadata={"spec": FieldSpec(codec, description, **spec)})
 
 
-FAMILY_NAMES = ("gemm", "grouped")
+FAMILY_NAMES = ("gemm", "grouped", "grouped_masked")
 # ASCII digits only (`\d` also matches Arabic-Indic and full-width digits), at most four:
 # a pipeline name is part of every kernel id, which names files.
 PIPELINE_PATTERN = r"sm[1-9][0-9]{1,3}"
@@ -718,6 +718,16 @@ FAMILIES: dict[str, Family] = {
                  TensorArg("c", ("m", "n", "g"))),
         scales=(ScaleArg("scale_a"), ScaleArg("scale_b")),
         indices=(IndexArg("offs", "g", MAX_GROUPS),),
+    ),
+    # The same G GEMMs with every group's rows in its own batch entry of A and C, (G, M_max, K)
+    # and (G, M_max, N), and masked_m[g] the rows of entry g that are group g's (DeepGEMM's
+    # masked layout, for decode under CUDA graphs).
+    "grouped_masked": Family(
+        "grouped_masked", extents=("m", "n", "k", "g"),
+        tensors=(TensorArg("a", ("m", "k", "g"), "a"), TensorArg("b", ("n", "k", "g"), "b"),
+                 TensorArg("c", ("m", "n", "g"))),
+        scales=(ScaleArg("scale_a"), ScaleArg("scale_b")),
+        indices=(IndexArg("masked_m", "g", MAX_GROUPS),),
     ),
 }
 

@@ -16,7 +16,7 @@ from tests.compile.conftest import make_project, run_build
 from tests.compile.test_launch_record import (LAUNCH_CLUSTER_DIM, Launch, Recorded, link_recording_library,
                                               recorded_launch)
 from tilekiln._tensors import Operand
-from tilekiln.grouped import launch_grouped, plan_grouped
+from tilekiln.grouped import launch_grouped, make_grouped_problem, plan_grouped
 
 pytestmark = pytest.mark.compile
 
@@ -57,7 +57,7 @@ def test_every_grouped_kernel_launches_as_its_plan_says(recorded):
             b = Operand("b", (groups, k, n), (n * k, 1, k), "bf16", 0x7F1000000000, 0, None)
             offs = Operand("offs", (groups,), (1,), "i32", 0x7F3000000000, 0, None)
             out = Operand("out", (m, n), (n, 1), "bf16", 0x7F2000000000, 0, None)
-            grouped = plan_grouped(recorded.bundle, a, b, offs, out, False, kernel_id)
+            grouped = plan_grouped(recorded.bundle, make_grouped_problem(a, b, offs, out, False), kernel_id)
             kernel = next(kr for kr in recorded.bundle.kernels if kr.id == kernel_id)
             resident = recorded.bundle.resident_clusters(kernel, 0)
             before = len(recorded.events())
@@ -76,7 +76,7 @@ def test_a_misaligned_offs_pointer_is_refused_before_the_launch(recorded):
     a = Operand("a", (64, 128), (128, 1), "bf16", 0x7F0000000000, 0, None)
     b = Operand("b", (2, 128, 256), (256 * 128, 1, 128), "bf16", 0x7F1000000000, 0, None)
     offs = Operand("offs", (2,), (1,), "i32", 0x7F3000000002, 0, None)
-    grouped = plan_grouped(recorded.bundle, a, b, offs, None, False, kernel_id)
+    grouped = plan_grouped(recorded.bundle, make_grouped_problem(a, b, offs, None, False), kernel_id)
     before = len(recorded.events())
     with pytest.raises(ValueError, match="offs: data pointer 0x7f3000000002 is not 4-byte aligned"):
         launch_grouped(recorded.bundle, grouped, a.ptr, b.ptr, 0x7F2000000000, offs.ptr, 0)

@@ -195,3 +195,74 @@ def test_torch_compile_traces_one_node(bundle, torch):
 
     got = layer(a, w, offs)
     assert rel_err(got, 2 * reference(torch, a, w.transpose(1, 2), offs)) < 1e-2
+
+
+# Masked layout: (G, M_max, N, K, rows per group), counts past M_max and below 0 included (clamped).
+MASKED = (
+    (4, 64, 256, 128, [0, 1, 64, 17]),
+    (8, 128, 384, 208, [128, 3, 0, 65, 200, -4, 64, 127]),
+    (1, 32, 512, 512, [32]),
+    (32, 16, 1024, 256, [i % 17 for i in range(32)]),
+)
+
+
+def masked_kernels(bundle):
+    return [k for k in bundle.kernels if k.config.family == "grouped_masked"]
+
+
+def check_masked(torch, out, a, b, counts, scales):
+    """Rows below each clamped count against float64; every other row still NaN."""
+    m_max = a.shape[1]
+    scale = 1.0
+    if scales:
+        scale = (scales["scale_a"].double() * scales["scale_b"].double()).item()
+    problems = []
+    for g, count in enumerate(counts):
+        rows = min(max(count, 0), m_max)
+        ref = a[g, :rows].double() @ b[g].double() * scale
+        got = out[g, :rows]
+        if got.isnan().any() or (rows and rel_err(got, ref) >= 1e-2):
+            problems.append(f"group {g} ({rows} rows) wrong")
+        if not out[g, rows:].isnan().all():
+            problems.append(f"group {g}: rows past {rows} written")
+    return problems
+
+
+def test_every_masked_kernel_matches_float64(bundle, torch):
+    kernels = masked_kernels(bundle)
+    assert kernels, "the bundle has no masked grouped kernels"
+    gen = torch.Generator(device="cuda").manual_seed(47)
+    failures = []
+    for kernel in kernels:
+        for groups, m_max, n, k, counts in MASKED:
+            a, b, scales = inputs(torch, kernel, gen, groups, n, k, groups * m_max)
+            a = a.reshape(groups, m_max, k)
+            masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
+            out = torch.full((groups, m_max, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+            bundle.grouped_gemm_masked(a, b, masked_m, out=out, kernel=kernel.id, **scales)
+            torch.cuda.synchronize()
+            failures += [f"{kernel.id} G={groups} M_max={m_max}: {p}"
+                         for p in check_masked(torch, out, a.float(), b.float(), counts, scales)]
+    assert not failures, "\n".join(failures)
+
+
+def test_masked_cuda_graph_replays_with_new_counts(bundle, torch):
+    import tilekiln
+
+    gen = torch.Generator(device="cuda").manual_seed(48)
+    groups, m_max, n, k = 16, 64, 512, 256
+    a = torch.randn(groups, m_max, k, device="cuda", generator=gen).to(torch.bfloat16)
+    b = (torch.randn(groups, n, k, device="cuda", generator=gen) / k**0.5).to(torch.bfloat16).transpose(1, 2)
+    masked_m = torch.full((groups,), m_max, dtype=torch.int32, device="cuda")
+    out = torch.empty(groups, m_max, n, dtype=torch.bfloat16, device="cuda")
+    tilekiln.grouped_gemm_masked(a, b, masked_m, out=out, bundle=bundle)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tilekiln.grouped_gemm_masked(a, b, masked_m, out=out, bundle=bundle)
+    for counts in ([m_max] * groups, [0] * groups, [1] * groups, [(7 * g) % (m_max + 1) for g in range(groups)]):
+        masked_m.copy_(torch.tensor(counts, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert not check_masked(torch, out, a, b, counts, {}), counts

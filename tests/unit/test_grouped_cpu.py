@@ -225,17 +225,98 @@ def test_template_renders_a_grouped_kernel_whose_table_the_smem_model_counts():
     from builder.render import render_kernel
 
     result = validate_project(Project(ROOT))
-    ctxs = [c for c in result.kernels if c.entry.config.family == "grouped"]
+    ctxs = [c for c in result.kernels if c.entry.config.family in ("grouped", "grouped_masked")]
     assert {c.entry.kernel_id for c in ctxs} >= {"grouped_sm90_bf16_bf16_f32_bf16_tn_128x128x64_c1x1",
                                                   "grouped_sm90_bf16_bf16_f32_bf16_tn_64x128x64_c1x1_pingpong",
-                                                  "grouped_sm90_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1"}
+                                                  "grouped_sm90_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1",
+                                                  "grouped_masked_sm90_bf16_bf16_f32_bf16_tn_64x128x64_c1x1_pingpong"}
     for ctx in ctxs:
         assert ctx.template.name == "sm90_grouped"
+        assert ctx.entry.config.cluster.m == 1
         # Row ends and item ends, int32, one more entry than the most groups.
         assert ctx.plan.smem.table_bytes == 2 * (MAX_GROUPS + 1) * 4
         text = render_kernel(ctx).text
         assert "TABLE_ENTRIES = 256 + 1" in text
+        masked = ctx.entry.config.family == "grouped_masked"
+        assert f"MASKED = {masked}" in text
         signature = ("def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor,\n"
-                     "                 offs: cute.Tensor,\n"
+                     f"                 {'masked_m' if masked else 'offs'}: cute.Tensor,\n"
                      "                 scale_a: cute.Tensor, scale_b: cute.Tensor,")
         assert signature in text
+
+
+# -- the masked layout ---------------------------------------------------------------------------
+
+def test_the_masked_family_passes_masked_m():
+    family = FAMILIES["grouped_masked"]
+    assert family.arguments == ("a", "b", "c", "masked_m", "scale_a", "scale_b", "resident_clusters", "stream")
+    assert family.plan_format == FAMILIES["grouped"].plan_format
+    config = parse_kernel_id("grouped_masked_sm90_bf16_bf16_f32_bf16_tn_64x128x64_c1x1_pingpong")
+    assert config.family == "grouped_masked"
+
+
+def test_a_masked_problem_keeps_each_groups_batch_entry():
+    from tilekiln.grouped import make_masked_problem
+
+    p = make_masked_problem(op("a", (8, 64, 512)), weights(8, 1000, 512), op("masked_m", (8,), dtype="i32"), None,
+                            False)
+    assert (p.family, p.m, p.n, p.k, p.groups) == ("grouped_masked", 64, 1000, 512, 8)
+    assert (p.a.lead, p.a.batch, p.c.lead, p.c.batch) == (512, 64 * 512, 1000, 64 * 1000)
+    assert p.out_shape == (8, 64, 1000) and p.row_tiles(64) == 8
+
+
+MASKED_BAD = [
+    (op("a", (64, 512)), weights(8, 32, 512), op("masked_m", (8,), dtype="i32"), None, ValueError,
+     "a: expected a 3-D (G, M_max, K)"),
+    (op("a", (4, 64, 512)), weights(8, 32, 512), op("masked_m", (8,), dtype="i32"), None, ValueError,
+     "b: has 8 groups but a has 4"),
+    (op("a", (8, 64, 512)), weights(8, 32, 512), op("masked_m", (8,), dtype="i64"), None, TypeError,
+     "masked_m: expected int32 row counts"),
+    (op("a", (8, 64, 512)), weights(8, 32, 512), op("masked_m", (4,), dtype="i32"), None, ValueError,
+     "masked_m: expected a 1-D tensor of G = 8 row counts"),
+    (op("a", (8, 64, 512)), weights(8, 32, 512), op("masked_m", (8,), dtype="i32"), op("out", (8, 64, 33)),
+     ValueError, "out: shape [8, 64, 33] does not match the result shape [8, 64, 32]"),
+    (op("a", (8, 64, 512)), weights(8, 32, 512), op("masked_m", (8,), dtype="i32"),
+     op("out", (8, 64, 32), (32, 32, 1)), ValueError, "out: batch stride 32 overlaps"),
+]
+
+
+@pytest.mark.parametrize("a, b, rows, out, exc, text", MASKED_BAD)
+def test_masked_argument_errors_name_the_argument(a, b, rows, out, exc, text):
+    from tilekiln.grouped import make_masked_problem
+
+    with pytest.raises(exc) as info:
+        make_masked_problem(a, b, rows, out, False)
+    assert text in str(info.value)
+
+
+def test_masked_and_contiguous_kernels_run_only_their_layout():
+    from tilekiln.grouped import make_masked_problem
+
+    masked = make_masked_problem(op("a", (8, 64, 512)), weights(8, 256, 512), op("masked_m", (8,), dtype="i32"),
+                                 None, False)
+    assert check_kernel(GROUPED[2], masked) == "family: kernel computes grouped, the call is grouped_masked"
+    config = replace(GROUPED[2].config, family="grouped_masked")
+    assert check_kernel(replace(GROUPED[2], config=config, id=format_kernel_id(config)), masked) is None
+
+
+def test_masked_operators_trace_as_one_node(tmp_path):
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import tilekiln
+    from tilekiln.bundle import Bundle, DeviceInfo
+    from tests.records import manifest
+    from tests.unit.test_torch_ops import traced
+
+    bundle = Bundle(tmp_path, manifest(), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+    with FakeTensorMode():
+        a = torch.empty(8, 64, 256, dtype=torch.bfloat16, device="cuda")
+        w = torch.empty(8, 1004, 256, dtype=torch.bfloat16, device="cuda")
+        masked_m = torch.empty(8, dtype=torch.int32, device="cuda")
+        out = torch.empty(8, 64, 1004, dtype=torch.bfloat16, device="cuda")
+        got, ops = traced(lambda: tilekiln.grouped_gemm_masked(a, w.transpose(1, 2), masked_m, bundle=bundle))
+        assert ops == ["tilekiln.grouped_gemm_masked.default"]
+        assert got.shape == (8, 64, 1004) and got.stride() == (64 * 1008, 1008, 1)
+        _, ops = traced(lambda: bundle.grouped_gemm_masked(a, w.transpose(1, 2), masked_m, out=out))
+        assert ops == ["tilekiln.grouped_gemm_masked_out.default"]
