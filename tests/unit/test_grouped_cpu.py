@@ -51,8 +51,9 @@ def test_the_family_passes_offs_between_the_tensors_and_the_scales():
     assert family.arguments == ("a", "b", "c", "offs", "scale_a", "scale_b", "resident_clusters", "stream")
     assert family.extents == ("m", "n", "k", "g")
     assert family.call_format == "<" + "Q" * 7
-    # Three tensors' (lead, batch) strides, four extents, clusters, device, index and padding.
-    assert family.plan_format == "<" + "q" * 6 + "i" * 8
+    # Three tensors' and two scales' (lead, batch) strides (the scales' zero: per-tensor), four
+    # extents, clusters, device, index and padding.
+    assert family.plan_format == "<" + "q" * 10 + "i" * 8
     assert family.indices[0].limit == MAX_GROUPS
     # The dense family is unchanged: no index vectors, the same blocks.
     assert FAMILIES["gemm"].indices == () and FAMILIES["gemm"].call_format == "<" + "Q" * 6
@@ -75,8 +76,8 @@ def test_glue_exports_a_grouped_launcher_with_offs_in_the_call_block():
     call = text.split("} tk_call_grouped_t;")[0].rsplit("typedef struct {", 1)[1]
     assert call.split() == ["void", "*a,", "*b,", "*c;", "void", "*offs;", "/*", "int32", "vectors,", "one", "entry",
                             "per", "index", "of", "an", "extent", "*/", "void", "*scale_a,", "*scale_b;", "/*",
-                            "float32", "scalars,", "read", "only", "by", "kernels", "that", "scale", "*/", "void",
-                            "*stream;"]
+                            "float32", "scales,", "read", "only", "by", "kernels", "that", "scale:", "one", "element,",
+                            "or", "per", "block", "*/", "void", "*stream;"]
     assert "void *args[9] = {&a, &b, &c, &offs, &scale_a, &scale_b, &clusters, &stream, &result};" in text
     dense = text.split("} tk_call_gemm_t;")[0].rsplit("typedef struct {", 1)[1]
     assert "offs" not in dense
