@@ -78,7 +78,9 @@ def test_glue_exports_a_grouped_launcher_with_offs_in_the_call_block():
                             "per", "index", "of", "an", "extent", "*/", "void", "*scale_a,", "*scale_b;", "/*",
                             "float32", "scales,", "read", "only", "by", "kernels", "that", "scale:", "one", "element,",
                             "or", "per", "block", "*/", "void", "*stream;"]
-    assert "void *args[9] = {&a, &b, &c, &offs, &scale_a, &scale_b, &clusters, &stream, &result};" in text
+    launch = " ".join(text.split("tk_run_grouped(const", 1)[1].split("void *args[9] = {", 1)[1].split("};")[0].split())
+    assert launch == ("&a, &b, &c, &offs, blockwise ? (void *)&scale_a_blocks : (void *)&scale_a, "
+                      "blockwise ? (void *)&scale_b_blocks : (void *)&scale_b, &clusters, &stream, &result")
     dense = text.split("} tk_call_gemm_t;")[0].rsplit("typedef struct {", 1)[1]
     assert "offs" not in dense
 
