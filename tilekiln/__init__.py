@@ -19,8 +19,9 @@ from tilekiln.errors import (BundleCompatibilityError, BundleError, BundleIntegr
                              NoKernelError, TilekilnError)
 
 __version__ = "0.3.0"
-__all__ = ["load", "bundles", "gemm", "linear", "scaled_gemm", "explain", "Bundle", "TilekilnError", "BundleError",
-           "BundleIntegrityError", "BundleCompatibilityError", "NoKernelError", "LaunchError", "quantize_fp8_blockwise"]
+__all__ = ["load", "bundles", "gemm", "linear", "scaled_gemm", "grouped_gemm", "grouped_gemm_masked", "explain",
+           "Bundle", "TilekilnError", "BundleError", "BundleIntegrityError", "BundleCompatibilityError",
+           "NoKernelError", "LaunchError", "quantize_fp8_blockwise"]
 
 
 def load(path_or_name, *, trusted_keys=None):
@@ -169,14 +170,44 @@ def quantize_fp8_blockwise(x, block=(1, 128), *, power_of_two=False):
     return quantize(x, block, power_of_two=power_of_two)
 
 
-def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias=None):
+def grouped_gemm(a, b, offs, *, scale_a=None, scale_b=None, out=None, bundle=None, stream=None):
+    """``torch._grouped_mm(a, b, offs=offs)``: a (total_M, K) with rows sorted by group, b (G, K, N) (pass
+    nn.Linear-style (G, N, K) weights as ``w.transpose(1, 2)``), offs an int32 CUDA tensor of the G
+    cumulative row ends; out (total_M, N). fp8 (e4m3) inputs take per-tensor ``scale_a`` and ``scale_b``
+    (one-element float32) and give bf16. One launch, no host synchronization: it captures in a CUDA
+    graph and replays with new offsets. The kernel clamps each end into [previous end, total_M]; rows
+    past the last end are not written (docs/runtime.md). Takes torch tensors; not differentiable."""
+    fast = _torch_operands(a, b)
+    if fast is None:
+        raise TypeError("grouped_gemm takes torch tensors (a and b); the operands given are "
+                        f"{type(a).__name__} and {type(b).__name__}")
+    return fast.grouped_gemm(bundle, a, b, offs, scale_a, scale_b, out, stream)
+
+
+def grouped_gemm_masked(a, b, masked_m, *, scale_a=None, scale_b=None, out=None, bundle=None, stream=None):
+    """The masked layout (DeepGEMM's, for decode under CUDA graphs): a (G, M_max, K), b (G, K, N),
+    masked_m an int32 CUDA tensor of the G groups' row counts; ``out[g, :masked_m[g]] =
+    a[g, :masked_m[g]] @ b[g]`` in out (G, M_max, N), whose other rows are not written. The kernel
+    clamps each count into [0, M_max]. fp8, graphs and checks as ``grouped_gemm``."""
+    fast = _torch_operands(a, b)
+    if fast is None:
+        raise TypeError("grouped_gemm_masked takes torch tensors (a and b); the operands given are "
+                        f"{type(a).__name__} and {type(b).__name__}")
+    return fast.grouped_gemm(bundle, a, b, masked_m, scale_a, scale_b, out, stream, masked=True)
+
+
+def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias=None, offs=None, masked_m=None):
     """The kernel ``gemm`` would run for these operands, why, and why not the others; with
     ``backward`` (by default when an input requires grad), what the gradient's GEMMs run on; with
     ``activation`` and ``bias`` (the bias tensor, or its type: ``"bf16"``, ``"f32"`` or a torch
-    dtype), whether a kernel fuses them (as ``linear`` would ask)."""
+    dtype), whether a kernel fuses them (as ``linear`` would ask); with ``offs`` (or ``masked_m``),
+    the kernel ``grouped_gemm(a, b, offs)`` (``grouped_gemm_masked``) would run."""
     from tilekiln._tensors import is_torch_tensor, torch_dtype_token
     from tilekiln.problem import requested_epilogue
 
+    if offs is not None or masked_m is not None:
+        masked = masked_m is not None
+        return _bundle_for(a, bundle).explain_grouped(a, b, masked_m if masked else offs, out, masked=masked)
     bias_type = "none" if bias is None else torch_dtype_token(bias.dtype if is_torch_tensor(bias) else bias)
     act = "none" if activation is None else getattr(activation, "value", activation)
     requested = requested_epilogue(bias=bias_type, activation=act)

@@ -1,12 +1,16 @@
 """The torch path: the eager hot path of ``gemm`` and ``scaled_gemm``, and their torch operators.
 
-Imported only when torch tensors are passed; importing it registers four operators:
+Imported only when torch tensors are passed; importing it registers eight operators:
 
     tilekiln::gemm(a, b, bundle, kernel, fallback, activation, bias=None) -> Tensor
                                                                   autograd: dA = dC·Bᵀ, dB = Aᵀ·dC
     tilekiln::gemm_out(a, b, out!, bundle, kernel)
     tilekiln::scaled_gemm(a, b, scale_a, scale_b, out_dtype, bundle, kernel, scale_format) -> Tensor
     tilekiln::scaled_gemm_out(a, b, scale_a, scale_b, out!, bundle, kernel, scale_format)
+    tilekiln::grouped_gemm(a, b, offs, scale_a, scale_b, bundle, kernel) -> Tensor
+    tilekiln::grouped_gemm_out(a, b, offs, scale_a, scale_b, out!, bundle, kernel)
+    tilekiln::grouped_gemm_masked(a, b, masked_m, scale_a, scale_b, bundle, kernel) -> Tensor
+    tilekiln::grouped_gemm_masked_out(a, b, masked_m, scale_a, scale_b, out!, bundle, kernel)
 
 ``bundle`` names the bundle as a string (:func:`bundle_ref`: a loaded bundle's
 directory, a name or path given by the caller, or ``""`` for the default
@@ -497,4 +501,129 @@ def scaled_gemm_out_op(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, o
 @scaled_gemm_out_op.register_fake
 def _scaled_gemm_out_fake(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out: Tensor, bundle: str,
                           kernel: str, scale_format: str) -> None:
+    return None
+
+
+# -- grouped GEMM (tilekiln/grouped.py) --------------------------------------------------------------
+
+
+def grouped_gemm(bundle, a: Tensor, b: Tensor, rows: Tensor, scale_a, scale_b, out: Tensor | None, stream,
+                 kernel: str | None = None, masked: bool = False):
+    """``grouped_gemm`` (``rows`` is offs) or, with ``masked``, ``grouped_gemm_masked`` (``rows`` is
+    masked_m) for torch tensors; not differentiable."""
+    name = "grouped_gemm_masked" if masked else "grouped_gemm"
+    if _is_compiling():
+        if stream is not None:
+            raise TypeError("stream=: not supported while torch.compile traces; make the stream current "
+                            "with torch.cuda.stream(...) instead")
+        ref = bundle_ref(bundle)
+        op, out_op = ((grouped_gemm_masked_op, grouped_gemm_masked_out_op) if masked else
+                      (grouped_gemm_op, grouped_gemm_out_op))
+        if out is None:
+            return op(a, b, rows, scale_a, scale_b, ref, kernel or "")
+        out_op(a, b, rows, scale_a, scale_b, out, ref, kernel or "")
+        return out
+    if _grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in (a, b, scale_a, scale_b)):
+        raise RuntimeError(f"{name} is not differentiable; detach its inputs or call it under torch.no_grad()")
+    if not isinstance(bundle, Bundle):
+        bundle = resolve(bundle_ref(bundle), a.get_device())
+    return run_grouped_gemm(bundle, a, b, rows, scale_a, scale_b, out, stream, kernel, masked)
+
+
+def run_grouped_gemm(bundle: Bundle, a: Tensor, b: Tensor, rows, scale_a, scale_b, out: Tensor | None, stream,
+                     kernel: str | None = None, masked: bool = False):
+    """The grouped call, checked (every argument's shape, dtype, device and strides, from the cached plan's
+    key) and launched; never reads ``rows`` (offs, or masked_m when ``masked``)."""
+    from tilekiln.grouped import launch_grouped, make_grouped_problem, make_masked_problem, plan_grouped
+
+    name = "masked_m" if masked else "offs"
+    if not isinstance(rows, Tensor):
+        what = "row counts" if masked else "cumulative row ends"
+        raise TypeError(f"{name}: expected an int32 torch tensor of {what}, got {type(rows).__name__}")
+    key = ("grouped", masked, a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype,
+           b.get_device(), rows.shape, rows.stride(), rows.dtype, rows.get_device(),
+           None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()), kernel,
+           _scale_signature(scale_a), _scale_signature(scale_b))
+    plan = bundle._plans.get(key)
+    if plan is None:
+        scaled = scale_a is not None or scale_b is not None
+        make = make_masked_problem if masked else make_grouped_problem
+        problem = make(describe(a, "a"), describe(b, "b"), describe(rows, name),
+                       None if out is None else describe(out, "out"), scaled)
+        plan = plan_grouped(bundle, problem, kernel)
+        if scaled:
+            for scale_name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
+                _check_scale(scale_name, scale, plan.problem.device)
+        bundle.remember(key, plan)
+    problem = plan.problem
+    if out is None:
+        dtype = torch.bfloat16 if problem.out_dtype == "bf16" else a.dtype
+        out = _allocate(problem.out_shape, problem.k, dtype, a.device)
+    if plan.block is None:
+        if problem.k == 0 and out.numel():
+            with _on_stream(stream, problem.device):
+                out.zero_()
+        return out
+    launch_grouped(bundle, plan, a.data_ptr(), b.data_ptr(), out.data_ptr(), rows.data_ptr(),
+                   _stream_handle(stream, problem.device), 0 if scale_a is None else scale_a.data_ptr(),
+                   0 if scale_b is None else scale_b.data_ptr())
+    return out
+
+
+@torch.library.custom_op("tilekiln::grouped_gemm", mutates_args=())
+def grouped_gemm_op(a: Tensor, b: Tensor, offs: Tensor, scale_a: Tensor | None, scale_b: Tensor | None,
+                    bundle: str, kernel: str) -> Tensor:
+    """torch._grouped_mm(a, b, offs=offs) (contiguous layout) on ``bundle``'s grouped kernels; with fp8
+    inputs, times the per-tensor scales, in bf16."""
+    return run_grouped_gemm(resolve(bundle, a.get_device()), a, b, offs, scale_a, scale_b, None, None,
+                            kernel or None)
+
+
+def _grouped_dtype(a: Tensor, scale_a, scale_b) -> torch.dtype:
+    return a.dtype if scale_a is None and scale_b is None else torch.bfloat16
+
+
+@grouped_gemm_op.register_fake
+def _grouped_gemm_fake(a: Tensor, b: Tensor, offs: Tensor, scale_a: Tensor | None, scale_b: Tensor | None,
+                       bundle: str, kernel: str) -> Tensor:
+    return _allocate((a.shape[0], b.shape[-1]), a.shape[-1], _grouped_dtype(a, scale_a, scale_b), a.device)
+
+
+@torch.library.custom_op("tilekiln::grouped_gemm_out", mutates_args=("out",))
+def grouped_gemm_out_op(a: Tensor, b: Tensor, offs: Tensor, scale_a: Tensor | None, scale_b: Tensor | None,
+                        out: Tensor, bundle: str, kernel: str) -> None:
+    run_grouped_gemm(resolve(bundle, a.get_device()), a, b, offs, scale_a, scale_b, out, None, kernel or None)
+
+
+@grouped_gemm_out_op.register_fake
+def _grouped_gemm_out_fake(a: Tensor, b: Tensor, offs: Tensor, scale_a: Tensor | None, scale_b: Tensor | None,
+                           out: Tensor, bundle: str, kernel: str) -> None:
+    return None
+
+
+@torch.library.custom_op("tilekiln::grouped_gemm_masked", mutates_args=())
+def grouped_gemm_masked_op(a: Tensor, b: Tensor, masked_m: Tensor, scale_a: Tensor | None, scale_b: Tensor | None,
+                           bundle: str, kernel: str) -> Tensor:
+    """The masked layout: out[g, :masked_m[g]] = a[g, :masked_m[g]] @ b[g]."""
+    return run_grouped_gemm(resolve(bundle, a.get_device()), a, b, masked_m, scale_a, scale_b, None, None,
+                            kernel or None, masked=True)
+
+
+@grouped_gemm_masked_op.register_fake
+def _grouped_gemm_masked_fake(a: Tensor, b: Tensor, masked_m: Tensor, scale_a: Tensor | None,
+                              scale_b: Tensor | None, bundle: str, kernel: str) -> Tensor:
+    return _allocate((a.shape[0], a.shape[1], b.shape[-1]), a.shape[-1], _grouped_dtype(a, scale_a, scale_b),
+                             a.device)
+
+
+@torch.library.custom_op("tilekiln::grouped_gemm_masked_out", mutates_args=("out",))
+def grouped_gemm_masked_out_op(a: Tensor, b: Tensor, masked_m: Tensor, scale_a: Tensor | None,
+                               scale_b: Tensor | None, out: Tensor, bundle: str, kernel: str) -> None:
+    run_grouped_gemm(resolve(bundle, a.get_device()), a, b, masked_m, scale_a, scale_b, out, None, kernel or None,
+                     masked=True)
+
+
+@grouped_gemm_masked_out_op.register_fake
+def _grouped_gemm_masked_out_fake(a: Tensor, b: Tensor, masked_m: Tensor, scale_a: Tensor | None,
+                                  scale_b: Tensor | None, out: Tensor, bundle: str, kernel: str) -> None:
     return None

@@ -74,6 +74,14 @@ class GemmProblem:
         """A problem extent by the name the kernel families give it (tilekiln/spec.py): m, n, k, l."""
         return {"m": self.m, "n": self.n, "k": self.k, "l": self.batch}[name]
 
+    def row_tiles(self, tile_m: int) -> int:
+        """Tiles of ``tile_m`` rows that cover M (the selection model's count)."""
+        return -(-self.m // tile_m)
+
+    def exceeds(self, tile_m: int, tile_n: int) -> str | None:
+        """Why a kernel of this tile cannot index the problem beyond its extents, or None."""
+        return None
+
 
 def requested_epilogue(**asked: object) -> tuple[tuple[str, object], ...]:
     """GemmProblem.requested for the requested fields ``asked`` (name=value as the manifest spells

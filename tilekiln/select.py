@@ -123,6 +123,9 @@ def check_kernel(kernel: KernelRecord, problem: GemmProblem) -> str | None:
     for name, extent in (("M", problem.m), ("N", problem.n), ("K", problem.k), ("batch", problem.batch)):
         if extent > limit:
             return f"extent: {name} = {extent} exceeds the kernel's index range ({limit})"
+    why = problem.exceeds(cfg.tile.m, cfg.tile.n)
+    if why is not None:
+        return why
     div_a, div_b, div_c = kernel.contract.stride_divisibility
     for name, layout, div in (("a", problem.a, div_a), ("b", problem.b, div_b), ("out", problem.c, div_c)):
         for what, stride in (("leading", layout.lead), ("batch", layout.batch)):
@@ -145,7 +148,8 @@ def estimate(kernel: KernelRecord, problem: GemmProblem, resident: int) -> float
     cm, cn = cfg.cluster.m, cfg.cluster.n
     # A swapped kernel's tile M runs along the problem's N.
     m, n = (problem.n, problem.m) if cfg.swap_ab else (problem.m, problem.n)
-    cluster_tiles = math.ceil(math.ceil(m / tm) / cm) * math.ceil(math.ceil(n / tn) / cn)
+    row_tiles = math.ceil(m / tm) if cfg.swap_ab else problem.row_tiles(tm)
+    cluster_tiles = math.ceil(row_tiles / cm) * math.ceil(math.ceil(n / tn) / cn)
     items = cluster_tiles * problem.batch
     waves = math.ceil(items / resident)
     intensity = tm * tn / (tm + tn)

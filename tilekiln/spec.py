@@ -476,7 +476,7 @@ def _field(codec: Codec, description: str, default: Any = dataclasses.MISSING, *
     return field(default=default, metadata={"spec": FieldSpec(codec, description, **spec)})
 
 
-FAMILY_NAMES = ("gemm",)
+FAMILY_NAMES = ("gemm", "grouped", "grouped_masked")
 # ASCII digits only (`\d` also matches Arabic-Indic and full-width digits), at most four:
 # a pipeline name is part of every kernel id, which names files.
 PIPELINE_PATTERN = r"sm[1-9][0-9]{1,3}"
@@ -694,6 +694,17 @@ BLOCK_EXTENTS = {"kb": "k", "nb": "n"}
 
 
 @dataclass(frozen=True)
+class IndexArg:
+    """An int32 vector in device memory with one entry per index of the problem extent ``extent``
+    (a grouped GEMM's cumulative row ends), passed by its pointer: the kernel takes its length
+    from the extent, which may be at most ``limit``."""
+
+    name: str
+    extent: str
+    limit: int
+
+
+@dataclass(frozen=True)
 class VectorArg:
     """A contiguous vector along one problem extent (a per-column bias): its data pointer goes in the
     call block and its length is the plan's ``extent``. Its element type is the kernel's (the
@@ -705,7 +716,7 @@ class VectorArg:
 
 @dataclass(frozen=True)
 class Family:
-    """A kernel family's launch: ``tensors``, then ``scales``, then ``vectors``, then the resident
+    """A kernel family's launch: ``tensors``, then ``indices``, then ``scales``, then ``vectors``, then the resident
     cluster count (an int32 the runtime computes per device) and the stream, in that order. A
     kernel's ``scaling`` decides how its scales are passed (:class:`ScaleArg`)."""
 
@@ -713,12 +724,14 @@ class Family:
     extents: tuple[str, ...]  # the problem extents, int32 each in the plan block
     tensors: tuple[TensorArg, ...]
     scales: tuple[ScaleArg, ...]
+    indices: tuple[IndexArg, ...] = ()
     vectors: tuple[VectorArg, ...] = ()
 
     @property
     def arguments(self) -> tuple[str, ...]:
         """The names of the exported launcher's arguments, in order."""
-        return (*(t.name for t in self.tensors), *(s.name for s in self.scales), *(v.name for v in self.vectors),
+        return (*(t.name for t in self.tensors), *(i.name for i in self.indices), *(s.name for s in self.scales),
+                *(v.name for v in self.vectors),
                 "resident_clusters", "stream")
 
     @property
@@ -731,12 +744,15 @@ class Family:
 
     @property
     def call_format(self) -> str:
-        """struct format of the call block (tk_call_<family>_t): tensor, scale and vector pointers, then the
-        stream."""
-        return "<" + "Q" * (len(self.tensors) + len(self.scales) + len(self.vectors) + 1)
+        """struct format of the call block (tk_call_<family>_t): tensor, index, scale and vector pointers,
+        then the stream."""
+        return "<" + "Q" * (len(self.tensors) + len(self.indices) + len(self.scales) + len(self.vectors) + 1)
 
 
 MAX_EXTENT = 2**31 - 1  # the plan block's extents are int32 (Family.plan_format)
+# Most groups of a grouped GEMM: its kernels build a table of every group's row end and first
+# work item in shared memory (2 x 4 bytes per group, plus one entry each) at launch.
+MAX_GROUPS = 256
 
 
 def plain_int(value: Any, what: str, low: int = 0, high: int = MAX_EXTENT) -> int:
@@ -747,6 +763,10 @@ def plain_int(value: Any, what: str, low: int = 0, high: int = MAX_EXTENT) -> in
         raise ValueError(f"{what} is {str(value)[:40]!r}, not an integer in [{low}, {high}]")
     return value
 
+# A grouped kernel's scales are per tensor (the BLOCKWISE rule keeps blockwise scaling to "gemm"); the
+# block extents only lay out the plan block, whose scale strides stay zero.
+GROUPED_SCALES = (ScaleArg("scale_a", ("m", "kb", "g"), 0), ScaleArg("scale_b", ("nb", "kb", "g"), 1))
+
 FAMILIES: dict[str, Family] = {
     "gemm": Family(
         "gemm", extents=("m", "n", "k", "l"),
@@ -756,6 +776,27 @@ FAMILIES: dict[str, Family] = {
         # K-contiguous, one per 128x128 block of B (docs/runtime.md).
         scales=(ScaleArg("scale_a", ("m", "kb", "l"), 0), ScaleArg("scale_b", ("nb", "kb", "l"), 1)),
         vectors=(VectorArg("bias", "n"),),
+    ),
+    # G GEMMs sharing N and K (a mixture-of-experts layer): A's rows are sorted by group and
+    # offs[g] is the end of group g's rows (torch._grouped_mm's contiguous layout); B holds one
+    # N x K matrix per group, C one row per row of A. A and C are single matrices: the kernel
+    # ignores their batch mode, whose extent is G only so that every tensor has three.
+    "grouped": Family(
+        "grouped", extents=("m", "n", "k", "g"),
+        tensors=(TensorArg("a", ("m", "k", "g"), "a"), TensorArg("b", ("n", "k", "g"), "b"),
+                 TensorArg("c", ("m", "n", "g"))),
+        scales=GROUPED_SCALES,
+        indices=(IndexArg("offs", "g", MAX_GROUPS),),
+    ),
+    # The same G GEMMs with every group's rows in its own batch entry of A and C, (G, M_max, K)
+    # and (G, M_max, N), and masked_m[g] the rows of entry g that are group g's (DeepGEMM's
+    # masked layout, for decode under CUDA graphs).
+    "grouped_masked": Family(
+        "grouped_masked", extents=("m", "n", "k", "g"),
+        tensors=(TensorArg("a", ("m", "k", "g"), "a"), TensorArg("b", ("n", "k", "g"), "b"),
+                 TensorArg("c", ("m", "n", "g"))),
+        scales=GROUPED_SCALES,
+        indices=(IndexArg("masked_m", "g", MAX_GROUPS),),
     ),
 }
 

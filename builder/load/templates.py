@@ -74,6 +74,8 @@ class Sm90Parameters(YamlModel):
         description="most warpgroup-MMA row blocks in a ping-pong tile (its epilogue walks one block at a time)")
     programmatic_launch: StrictBool = Field(
         description="the generated launch allows programmatic stream serialization (PDL)")
+    index_tables: StrictCount = Field(
+        0, description="int32 tables in shared memory per entry of an index vector (a grouped kernel's group table)")
 
     @model_validator(mode="after")
     def _every_consumer_count_has_a_split(self) -> Sm90Parameters:

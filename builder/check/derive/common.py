@@ -34,6 +34,7 @@ class SmemUse:
     static_bytes: int
     operand_end: int  # offset just past the last MMA operand byte (descriptor reach)
     scale_bytes: int = 0  # block-scale factor rings (SFA + SFB)
+    table_bytes: int = 0  # int32 tables beside the barriers (a grouped kernel's group table)
 
     @property
     def total(self) -> int:
@@ -42,7 +43,7 @@ class SmemUse:
     @property
     def padding(self) -> int:
         return (self.dynamic_bytes - self.barrier_bytes - self.a_bytes - self.b_bytes - self.epilogue_bytes
-                - self.scale_bytes)
+                - self.scale_bytes - self.table_bytes)
 
 
 def storage_layout(barriers: int, a: int, b: int, epilogue: int, align: int, scales: int = 0) -> tuple[int, int]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from builder.check.derive.common import SmemUse, storage_layout, tma_contract
 from builder.load.facts import PipelineFacts
 from builder.load.templates import Template
-from tilekiln.spec import Contract, KernelConfig, Schedule
+from tilekiln.spec import FAMILIES, Contract, KernelConfig, Schedule
 
 
 @dataclass(frozen=True)
@@ -56,8 +56,11 @@ def sm90_smem(config: KernelConfig, facts: PipelineFacts, template: Template, st
     a = t.m * t.k * d.a.bits // 8 * stages
     b = t.n * t.k * d.b.bits // 8 * stages
     epi = epi_m * epi_n * d.c.bits // 8 * p.epilogue_stages * max(1, pingpong_consumers)
-    dynamic, operand_end = storage_layout(barriers, a, b, epi, align)
-    return SmemUse(barriers, a, b, epi, dynamic, p.static_smem_bytes, operand_end)
+    # Int32 tables indexed by an index vector's entries, plus one (the grouped template's group
+    # table), right after the barriers.
+    table = sum(p.index_tables * (i.limit + 1) * 4 for i in FAMILIES[config.family].indices)
+    dynamic, operand_end = storage_layout(barriers + table, a, b, epi, align)
+    return SmemUse(barriers, a, b, epi, dynamic, p.static_smem_bytes, operand_end, table_bytes=table)
 
 
 def plan_sm90(config: KernelConfig, facts: PipelineFacts, template: Template) -> Sm90Plan:
