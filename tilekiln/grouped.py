@@ -242,7 +242,9 @@ def plan_grouped(bundle, problem: GroupedProblem, kernel: str | None = None) -> 
     clusters = bundle.resident_clusters(k, problem.device)
     family = FAMILIES[problem.family]
     strides = tuple(s for t in family.tensors for s in (getattr(problem, t.name).lead, getattr(problem, t.name).batch))
-    static = (*strides, *(problem.extent(e) for e in family.extents), clusters)
+    # Per-tensor scales only (rule BLOCKWISE): the scales' strides in the plan block stay zero.
+    scales = (0,) * (2 * len(family.scales))
+    static = (*strides, *scales, *(problem.extent(e) for e in family.extents), clusters)
     return GroupedPlan(problem, k.id, NativeLibrary.plan_block(family, k.index, problem.device, static),
                        k.contract.base_alignment - 1)
 
