@@ -46,24 +46,29 @@ def breakdown(bundle, a, w, c, blocks: int) -> dict[str, float]:
     """Median us of the pieces of a cached ``gemm(a, w, c)`` call, each timed alone."""
     from tilekiln._native import CALL
 
+    pack = CALL["gemm"].pack_into  # a, b, c, scale_a, scale_b, bias, stream (tilekiln/spec.py FAMILIES)
+    bundle._plans.clear()
     bundle.gemm(a, w, c)
-    key = (a.shape, a.stride(), a.dtype, a.get_device(), w.shape, w.stride(), w.dtype, w.get_device(), None,
-           c.shape, c.stride(), c.dtype, c.get_device())
-    plan = bundle._plans[key]
+    ((key, plan),) = bundle._plans.items()  # the one plan that call made, under the key the runtime built
     lib = bundle._lib
-    buf = lib.call_buffer()
+    buf = lib.call_buffer("gemm")
+    run = lib.run["gemm"]
     stream = torch.cuda.current_stream().cuda_stream
-    CALL.pack_into(buf, 0, a.data_ptr(), w.data_ptr(), c.data_ptr(), stream, 0, 0)
+    pack(buf, 0, a.data_ptr(), w.data_ptr(), c.data_ptr(), 0, 0, 0, stream)
     plans = bundle._plans
+
+    def make_key():  # as tilekiln._torch.run_gemm builds it for a call with out
+        return (a.shape, a.stride(), a.dtype, a.get_device(), w.shape, w.stride(), w.dtype, w.get_device(), None, (),
+                c.shape, c.stride(), c.dtype, c.get_device())
+    if make_key() != key:
+        raise SystemExit("bench/overhead.py: the runtime's plan key is not the one timed here; update make_key")
     pieces = {
         "ctypes call of a no-op C function": lambda: lib._lib.tk_abi_version(),
-        "tk_run with packed blocks (C launch path)": lambda: lib.run(plan.block, buf),
-        "plan-cache key and look-up": lambda: plans.get(
-            (a.shape, a.stride(), a.dtype, a.get_device(), w.shape, w.stride(), w.dtype, w.get_device(), None,
-             c.shape, c.stride(), c.dtype, c.get_device())),
+        "tk_run with packed blocks (C launch path)": lambda: run(plan.block, buf),
+        "plan-cache key and look-up": lambda: plans.get(make_key()),
         "three data_ptr() reads": lambda: (a.data_ptr(), w.data_ptr(), c.data_ptr()),
         "current raw stream": lambda: torch._C._cuda_getCurrentRawStream(0),
-        "pack the call block": lambda: CALL.pack_into(buf, 0, 16, 32, 48, stream, 0, 0),
+        "pack the call block": lambda: pack(buf, 0, 16, 32, 48, 0, 0, 0, stream),
     }
     return {name: round(statistics.median(per_call_us(fn, blocks)), 3) for name, fn in pieces.items()}
 
