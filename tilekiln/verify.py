@@ -51,6 +51,11 @@ SPLIT_SHAPES = ((1000, 1032, 4096, 2), (64, 520, 8192, 8))
 FP8 = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 HALF = {"bf16": "bfloat16", "f16": "float16"}
 SCALES = (0.5, 0.25)
+# Rows per group of the grouped kernels' runs, (N, K) shared by the groups: empty groups, a one-row
+# group, groups smaller than a tile, one row past a tile, and several tiles; N and K not multiples
+# of the tile.
+GROUP_ROWS = ((0, 1, 37, 129, 0, 300), (64, 0, 5, 193))
+GROUP_NK = ((264, 192), (1032, 528))
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,9 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
     dtype = getattr(torch, FP8[a_dtype] if fp8 else HALF.get(a_dtype, "float32"))
     out_dtype = getattr(torch, HALF.get(cfg.dtypes.c.value, "float32"))
     scale_a, scale_b = (torch.tensor([s], device="cuda") for s in SCALES)
+    if cfg.family != "gemm":
+        yield from _grouped_runs(torch, bundle, kernel, gen, dtype, out_dtype, (scale_a, scale_b) if fp8 else None)
+        return
     if cfg.dtypes.c.value == "f32" and not requested:
         for m, n, k, split in SPLIT_SHAPES:
             a = _matrix(torch, m, k, cfg.layout.a_k_major, 1, dtype, gen)[0]
@@ -178,6 +186,40 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
             out = _poisoned(torch, (batch, m, n), out_dtype)
             gemm(a, b, out)
             yield what, out, epilogue(a.double() @ b.double())
+
+
+def _grouped_runs(torch, bundle, kernel: KernelRecord, gen, dtype, out_dtype, scales):
+    """Runs of a grouped kernel (contiguous or masked layout, as its family says) on the routings of
+    GROUP_ROWS, each against the per-group float64 product; rows a masked call must not write are
+    checked to hold the NaN they were poisoned with."""
+    from tilekiln import _torch
+
+    masked = kernel.config.family == "grouped_masked"
+    factor = SCALES[0] * SCALES[1] if scales else 1.0
+    sa, sb = scales or (None, None)
+    for (n, k), rows in zip(GROUP_NK, GROUP_ROWS):
+        groups = len(rows)
+        w = torch.randn(groups, n, k, device="cuda", generator=gen).to(dtype)  # nn.Linear weights per group
+        what = f"{kernel.id} {groups} groups of {'/'.join(map(str, rows))} rows, N {n}, K {k}"
+        if masked:
+            slots = max(rows)
+            a = torch.randn(groups, slots, k, device="cuda", generator=gen).to(dtype)
+            counts = torch.tensor(rows, dtype=torch.int32, device="cuda")
+            out = _poisoned(torch, (groups, slots, n), out_dtype)
+            _torch.run_grouped_gemm(bundle, a, w.transpose(1, 2), counts, sa, sb, out, None, kernel.id, masked=True)
+            got = torch.cat([out[g, :r] for g, r in enumerate(rows)])
+            ref = torch.cat([a[g, :r].double() @ w[g].double().t() for g, r in enumerate(rows)]) * factor
+            if not all(torch.isnan(out[g, r:]).all() for g, r in enumerate(rows)):
+                got = torch.full_like(got, float("nan"))  # a row past masked_m was written
+            yield what, got, ref
+        else:
+            a = torch.randn(sum(rows), k, device="cuda", generator=gen).to(dtype)
+            ends = torch.tensor(rows, device="cuda").cumsum(0).to(torch.int32)
+            out = _poisoned(torch, (sum(rows), n), out_dtype)
+            _torch.run_grouped_gemm(bundle, a, w.transpose(1, 2), ends, sa, sb, out, None, kernel.id)
+            starts = [0, *ends.tolist()[:-1]]
+            ref = torch.cat([a[s:s + r].double() @ w[g].double().t() for g, (s, r) in enumerate(zip(starts, rows))])
+            yield what, out, ref * factor
 
 
 def verify_kernel(torch, bundle, kernel: KernelRecord, seed: int) -> KernelResult:
