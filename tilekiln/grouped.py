@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from tilekiln._native import CALL, NativeLibrary
 from tilekiln._tensors import Operand
+from tilekiln.bundle import raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
 from tilekiln.problem import GemmProblem, Layout2, padded_lead
 from tilekiln.select import Choice, choose
@@ -252,10 +253,8 @@ def plan_grouped(bundle, problem: GroupedProblem, kernel: str | None = None) -> 
 def launch_grouped(bundle, plan: GroupedPlan, pa: int, pb: int, pc: int, prows: int, stream: int,
                    scale_a: int = 0, scale_b: int = 0) -> None:
     """Launch ``plan``; ``prows`` points at offs (contiguous layout) or masked_m (masked)."""
-    for name, p in (("a", pa), ("b", pb), ("out", pc)):
-        if p & plan.align_mask:
-            raise ValueError(f"{name}: data pointer 0x{p:x} is not {plan.align_mask + 1}-byte aligned; the kernel "
-                             "loads and stores with TMA, whose contract needs aligned bases")
+    if (pa | pb | pc) & plan.align_mask:
+        raise_misaligned(pa, pb, pc, plan.align_mask + 1)
     family = plan.problem.family
     if prows & 3:
         name = FAMILIES[family].indices[0].name

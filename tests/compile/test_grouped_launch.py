@@ -80,4 +80,6 @@ def test_a_misaligned_offs_pointer_is_refused_before_the_launch(recorded):
     before = len(recorded.events())
     with pytest.raises(ValueError, match="offs: data pointer 0x7f3000000002 is not 4-byte aligned"):
         launch_grouped(recorded.bundle, grouped, a.ptr, b.ptr, 0x7F2000000000, offs.ptr, 0)
+    with pytest.raises(ValueError, match="out: data pointer 0x7f2000000008 is not 16-byte aligned"):
+        launch_grouped(recorded.bundle, grouped, a.ptr, b.ptr, 0x7F2000000008, 0x7F3000000000, 0)
     assert not [e for e in recorded.events()[before:] if e["event"] == "launch"]
