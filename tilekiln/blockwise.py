@@ -83,11 +83,11 @@ def dequantize(x_fp8: torch.Tensor, scales: torch.Tensor, block: tuple[int, int]
     return x_fp8.double() * full
 
 
-_FORMATS = ("tensor", "blockwise")
+_FORMATS = ("tensor", "rowwise", "blockwise")
 
 
 def scale_format_token(scale_format) -> str:
-    """``scale_format`` checked: ``"tensor"`` or ``"blockwise"``; ValueError naming the argument."""
+    """``scale_format`` checked: ``"tensor"``, ``"rowwise"`` or ``"blockwise"``; ValueError naming the argument."""
     if scale_format not in _FORMATS:
         raise ValueError(f"scale_format: {scale_format!r} is not one of {', '.join(map(repr, _FORMATS))}")
     return scale_format

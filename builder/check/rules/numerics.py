@@ -187,3 +187,35 @@ def check_bias_dtype(ctx: KernelContext) -> Iterator[Diagnostic]:
                    f"of its result's type or float32, so no call would ever run this kernel",
                    f"use bias f32, or bias {c.value}" if c.value != "f32" else "use bias f32",
                    bias=bias, c=c)
+
+
+@rule("ROWWISE", "a row-wise-scaled kernel multiplies 8-bit floats into a float result, in the dense gemm family")
+def check_rowwise(ctx: KernelContext) -> Iterator[Diagnostic]:
+    cfg = ctx.entry.config
+    if cfg.scaling is not Scaling.ROWWISE:
+        return
+    d = cfg.dtypes
+    if not d.scaled or d.acc.value != "f32" or d.c.value not in _BIAS_OUTPUTS:
+        yield ctx.diag("ROWWISE", "dtypes", f"row-wise scaling multiplies an 8-bit float product, accumulated in "
+                       f"f32, by scale_a[m] * scale_b[n] and rounds it once to a float C; got {'/'.join(d.tokens)}",
+                       "use dtypes {a: e4m3, b: e4m3, acc: f32, c: bf16} (or another 8-bit float input pair)",
+                       dtypes=list(d.tokens), outputs=list(_BIAS_OUTPUTS))
+    if cfg.family != "gemm":
+        yield ctx.diag("ROWWISE", "scaling", f"row-wise scaling is built for the dense gemm family, not "
+                       f"{cfg.family}: its scale vectors span the problem's M and N",
+                       "use scaling: tensor for this family", family=cfg.family)
+
+
+@rule("RESIDUAL", "a kernel that adds a residual writes a float result, in the dense gemm family")
+def check_residual(ctx: KernelContext) -> Iterator[Diagnostic]:
+    cfg = ctx.entry.config
+    if cfg.residual.value == "none":
+        return
+    if cfg.dtypes.c.value not in _BIAS_OUTPUTS:
+        yield ctx.diag("RESIDUAL", "residual", f"the residual (of C's type) is added to the fp32 epilogue value "
+                       f"before it is rounded to C, but C is {cfg.dtypes.c.value}, not a float type that holds "
+                       f"the sum ({', '.join(_BIAS_OUTPUTS)})", "remove residual, or use an output type of "
+                       f"{', '.join(_BIAS_OUTPUTS)}", c=cfg.dtypes.c, outputs=list(_BIAS_OUTPUTS))
+    if cfg.family != "gemm":
+        yield ctx.diag("RESIDUAL", "residual", f"the residual is an argument of the dense gemm family, not "
+                       f"{cfg.family}", "remove residual for this family", family=cfg.family)
