@@ -7,7 +7,7 @@ from typing import Iterator
 from builder.check.context import KernelContext
 from builder.check.rules.registry import rule
 from builder.diagnostics import Diagnostic, did_you_mean
-from tilekiln.spec import BLOCKWISE_BLOCK, Scaling
+from tilekiln.spec import BLOCKWISE_BLOCK, GLU_BLOCK, Scaling
 
 
 @rule("TARGET-ARCH", "every target of a config is a compile target of its pipeline")
@@ -187,3 +187,29 @@ def check_bias_dtype(ctx: KernelContext) -> Iterator[Diagnostic]:
                    f"of its result's type or float32, so no call would ever run this kernel",
                    f"use bias f32, or bias {c.value}" if c.value != "f32" else "use bias f32",
                    bias=bias, c=c)
+
+
+@rule("SWIGLU", "a swiglu kernel's tile holds whole gate/up block pairs, unswapped and without a bias")
+def check_swiglu(ctx: KernelContext) -> Iterator[Diagnostic]:
+    cfg, plan = ctx.entry.config, ctx.plan
+    if not cfg.activation.gated:
+        return
+    pair = 2 * GLU_BLOCK
+    if cfg.tile.n % pair:
+        yield ctx.diag("SWIGLU", "tile", f"tile N {cfg.tile.n} is not a multiple of {pair}: B's rows interleave gate "
+                       f"and up in blocks of {GLU_BLOCK} (GLU_BLOCK), and the epilogue pairs a gate block with its up "
+                       "block inside one tile", f"use tile N a multiple of {pair} (128 or 256)",
+                       tile_n=cfg.tile.n, glu_block=GLU_BLOCK)
+    if plan.epi_n and GLU_BLOCK % plan.epi_n:
+        yield ctx.diag("SWIGLU", "tile", f"the epilogue's {plan.epi_m}x{plan.epi_n} sub-tile does not divide a "
+                       f"{GLU_BLOCK}-column gate block, so a stored sub-tile would mix gate and up columns",
+                       f"use a tile whose epilogue sub-tile N divides {GLU_BLOCK}",
+                       epi_tile=[plan.epi_m, plan.epi_n], glu_block=GLU_BLOCK)
+    if cfg.swap_ab:
+        yield ctx.diag("SWIGLU", "swap_ab", "swiglu pairs columns of C, which a swapped kernel stores along the MMA's "
+                       "rows, where the epilogue's gate and up values are in different threads",
+                       "remove swap_ab (a skinny M runs a tile of 64 rows, or the unfused GEMM)", swap_ab=True)
+    if cfg.bias.dtype is not None:
+        yield ctx.diag("SWIGLU", "bias", f"bias {cfg.bias.value} with swiglu: the epilogue does not add a bias "
+                       "before the gate and up product (tilekiln.swiglu takes none)", "remove bias",
+                       bias=cfg.bias.value)
