@@ -9,7 +9,9 @@ system and recorded. Outputs are poisoned with NaN first, so an element the
 kernel leaves unwritten fails. The fp32-result kernels run as split-K (bf16)
 and, for fp8, straight into a float32 result. Blockwise-scaled kernels run
 on inputs quantized by ``quantize_fp8_blockwise`` (K rounded up to a multiple
-of 128), against the product of the dequantized inputs. A kernel passes when every
+of 128), against the product of the dequantized inputs. SwiGLU kernels run with N rounded up to
+whole gate/up block pairs (I then not a multiple of their tiles' half), writing N/2 columns,
+against the float64 product paired by torch. A kernel passes when every
 relative error ||out - ref|| / ||ref|| is under :data:`TOLERANCE` and no
 output is NaN.
 
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tilekiln._files import write_atomic
-from tilekiln.spec import BLOCKWISE_BLOCK, KernelRecord, Scaling, requested_fields
+from tilekiln.spec import BLOCKWISE_BLOCK, GLU_BLOCK, KernelRecord, Scaling, requested_fields
 
 RECORD_SCHEMA = 1
 # bf16/fp16 rounding of the output alone is about 2e-3 relative; fp8 kernels are
@@ -159,7 +161,11 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
                 yield f"{pin} {m}x{n}x{k}", gemm(a, b, pin=pin), epilogue(a.double() @ b.double())
         return
     blockwise = cfg.scaling is Scaling.BLOCKWISE
+    pair = 2 * GLU_BLOCK if cfg.activation.gated else 1
     for batch, m, n, k in SHAPES:
+        # A gated kernel pairs whole gate and up blocks; its result has half the columns.
+        n = -(-n // pair) * pair
+        out_n = n // 2 if cfg.activation.gated else n
         if fp8 and batch != 1:
             continue  # scaled GEMMs are 2-D, as torch._scaled_mm's
         if blockwise:
@@ -168,7 +174,7 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
             k, rows, blocks = -(-k // BLOCKWISE_BLOCK) * BLOCKWISE_BLOCK, (1, BLOCKWISE_BLOCK), (BLOCKWISE_BLOCK,) * 2
             a8, sa = quantize_fp8_blockwise(torch.randn(m, k, device="cuda", generator=gen), rows)
             w8, sb = quantize_fp8_blockwise(torch.randn(n, k, device="cuda", generator=gen), blocks)
-            out = _poisoned(torch, (m, n), torch.bfloat16)
+            out = _poisoned(torch, (m, out_n), torch.bfloat16)
             scaled(a8, w8.t(), out, scales=(sa, sb))
             ref = dequantize(a8, sa, rows) @ dequantize(w8, sb, blocks).t()
             yield f"{kernel.id} {m}x{n}x{k}", out, epilogue(ref)
@@ -179,11 +185,11 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
             bias = torch.randn(n, device="cuda", generator=gen).to(bias_dtype)
         what = f"{kernel.id} {batch}x{m}x{n}x{k}"
         if fp8:
-            out = _poisoned(torch, (m, n), out_dtype)
+            out = _poisoned(torch, (m, out_n), out_dtype)
             scaled(a[0], b[0], out, out_dtype=out_dtype)
             yield what, out, epilogue((a[0].double() @ b[0].double()) * (SCALES[0] * SCALES[1]))
         else:
-            out = _poisoned(torch, (batch, m, n), out_dtype)
+            out = _poisoned(torch, (batch, m, out_n), out_dtype)
             gemm(a, b, out)
             yield what, out, epilogue(a.double() @ b.double())
 
