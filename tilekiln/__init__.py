@@ -19,9 +19,9 @@ from tilekiln.errors import (BundleCompatibilityError, BundleError, BundleIntegr
                              NoKernelError, TilekilnError)
 
 __version__ = "0.3.0"
-__all__ = ["load", "bundles", "gemm", "linear", "scaled_gemm", "grouped_gemm", "grouped_gemm_masked", "explain",
-           "Bundle", "TilekilnError", "BundleError", "BundleIntegrityError", "BundleCompatibilityError",
-           "NoKernelError", "LaunchError", "quantize_fp8_blockwise"]
+__all__ = ["load", "bundles", "gemm", "linear", "swiglu", "swiglu_weight", "scaled_gemm", "grouped_gemm",
+           "grouped_gemm_masked", "explain", "Bundle", "TilekilnError", "BundleError", "BundleIntegrityError",
+           "BundleCompatibilityError", "NoKernelError", "LaunchError", "quantize_fp8_blockwise"]
 
 
 def load(path_or_name, *, trusted_keys=None):
@@ -147,6 +147,31 @@ def linear(x, weight, bias=None, *, activation=None, residual=None, out=None, bu
     return fast.linear(bundle, x, weight, bias, activation, residual, out)
 
 
+def swiglu(x, w_gate_up, *, out=None, bundle=None):
+    """``silu(x @ w_gate.T) * (x @ w_up.T)``, (..., I), with ``x`` (..., K) and ``w_gate_up`` the (2I, K)
+    weight :func:`swiglu_weight` makes (gate and up rows interleaved in blocks of 64).
+
+    One GEMM whose epilogue writes the product (the (..., 2I) intermediate is never stored) where a
+    kernel of the bundle fuses it; otherwise the GEMM, then the product in torch
+    (``explain(x, w_gate_up.t(), activation="swiglu")`` says which). The result has x's dtype.
+    Differentiable (the backward recomputes the GEMM); torch tensors.
+    """
+    fast = _torch_operands(x, w_gate_up)
+    if fast is None:
+        raise TypeError("swiglu takes torch tensors (x and w_gate_up); the operands given are "
+                        f"{type(x).__name__} and {type(w_gate_up).__name__}")
+    return fast.swiglu(bundle, x, w_gate_up, out)
+
+
+def swiglu_weight(w_gate, w_up=None):
+    """The (2I, K) weight :func:`swiglu` takes, from ``w_gate`` and ``w_up`` (I, K) each (nn.Linear
+    weights), or from one stacked ``[gate; up]`` (2I, K) weight: rows [gate 0:64, up 0:64, gate
+    64:128, up 64:128, ...] (docs/runtime.md). Convert once, when the model is loaded."""
+    from tilekiln.bundle import torch_path
+
+    return torch_path().swiglu_weight(w_gate, w_up)
+
+
 def scaled_gemm(a, b, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, bundle=None, stream=None,
                 scale_format=None):
     """fp8 ``(a @ b) * scale_a * scale_b + bias`` with bf16 output by default. Takes torch tensors.
@@ -208,7 +233,7 @@ def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias
             scale_format=None, offs=None, masked_m=None):
     """The kernel ``gemm`` would run for these operands, why, and why not the others; with
     ``backward`` (by default when an input requires grad), what the gradient's GEMMs run on; with
-    ``activation``, ``bias`` (the bias tensor, or its type: ``"bf16"``, ``"f32"`` or a torch
+    ``activation`` (``"swiglu"`` for ``swiglu(x, w)``: pass ``x`` and ``w.t()``), ``bias`` (the bias tensor, or its type: ``"bf16"``, ``"f32"`` or a torch
     dtype) and ``residual`` (a residual tensor, or True), whether a kernel fuses them (as ``linear``
     would ask; the residual fuses only where its strides are the result's, docs/runtime.md); with
     ``scale_format`` (``"rowwise"``, ``"blockwise"``), the kernel ``scaled_gemm`` would run for

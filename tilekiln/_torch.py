@@ -4,6 +4,7 @@ Imported only when torch tensors are passed; importing it registers eight operat
 
     tilekiln::gemm(a, b, bundle, kernel, fallback, activation, bias=None) -> Tensor
                                                                   autograd: dA = dC·Bᵀ, dB = Aᵀ·dC
+                                                                  (swiglu: dC from the recomputed GEMM)
     tilekiln::gemm_out(a, b, out!, bundle, kernel)
     tilekiln::scaled_gemm(a, b, scale_a, scale_b, out_dtype, bundle, kernel, scale_format, bias=None) -> Tensor
     tilekiln::scaled_gemm_out(a, b, scale_a, scale_b, out!, bundle, kernel, scale_format, bias=None)
@@ -45,6 +46,7 @@ from tilekiln.blockwise import check_scales, scale_format_token
 from tilekiln.bundle import Bundle, raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
 from tilekiln.problem import requested_epilogue, result_shape, result_strides
+from tilekiln.spec import GLU_BLOCK
 
 Tensor = torch.Tensor
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -194,16 +196,76 @@ def add_bias(y: Tensor, bias: Tensor) -> Tensor:
     return (y.to(wide) + bias).to(y.dtype)
 
 
+def glu_halves(y: Tensor) -> tuple[Tensor, Tensor]:
+    """The gate and up halves, (..., I) each, of ``y`` (..., 2I) whose columns interleave gate and
+    up in blocks of GLU_BLOCK (the last pair of blocks shorter where GLU_BLOCK does not divide I):
+    the layout :func:`swiglu_weight` gives a weight's rows."""
+    inter = y.shape[-1] // 2
+    whole = inter // GLU_BLOCK * GLU_BLOCK
+    pairs = y[..., :2 * whole].unflatten(-1, (whole // GLU_BLOCK, 2, GLU_BLOCK))
+    gate = torch.cat((pairs[..., 0, :].flatten(-2), y[..., 2 * whole:whole + inter]), dim=-1)
+    up = torch.cat((pairs[..., 1, :].flatten(-2), y[..., whole + inter:]), dim=-1)
+    return gate, up
+
+
+def glu_interleave(gate: Tensor, up: Tensor) -> Tensor:
+    """The inverse of :func:`glu_halves`: gate and up (..., I) interleaved into (..., 2I)."""
+    inter = gate.shape[-1]
+    whole = inter // GLU_BLOCK * GLU_BLOCK
+    blocks = (whole // GLU_BLOCK, GLU_BLOCK)
+    pairs = torch.stack((gate[..., :whole].unflatten(-1, blocks), up[..., :whole].unflatten(-1, blocks)), dim=-2)
+    return torch.cat((pairs.flatten(-3), gate[..., whole:], up[..., whole:]), dim=-1)
+
+
+def swiglu_unfused(y: Tensor) -> Tensor:
+    """``silu(gate) * up`` of a gate_up GEMM result ``y`` (..., 2I) in the interleaved layout,
+    computed in fp32 (or ``y``'s wider type) and rounded once to ``y``'s type, as the fused
+    epilogue does."""
+    wide = torch.promote_types(y.dtype, torch.float32)
+    gate, up = glu_halves(y)
+    return (torch.nn.functional.silu(gate.to(wide)) * up.to(wide)).to(y.dtype)
+
+
+def swiglu_weight(w_gate: Tensor, w_up: Tensor | None = None) -> Tensor:
+    """The gate_up weight ``tilekiln.swiglu`` takes, (2I, K) with rows interleaving gate and up in
+    blocks of GLU_BLOCK, from ``w_gate`` and ``w_up`` (I, K) each, or from ``w_gate`` alone holding
+    ``[gate; up]`` (2I, K) stacked. A contiguous copy in the weights' dtype and device."""
+    if not isinstance(w_gate, Tensor) or (w_up is not None and not isinstance(w_up, Tensor)):
+        bad = "w_gate" if not isinstance(w_gate, Tensor) else "w_up"
+        raise TypeError(f"{bad}: expected a torch tensor, got {type(w_gate if bad == 'w_gate' else w_up).__name__}")
+    if w_up is None:
+        if w_gate.dim() != 2 or w_gate.shape[0] % 2:
+            raise ValueError(f"w_gate: without w_up, expected the stacked [gate; up] weight (2I, K), an even number "
+                             f"of rows, got shape {list(w_gate.shape)}")
+        inter = w_gate.shape[0] // 2
+        gate, up = w_gate[:inter], w_gate[inter:]
+    else:
+        gate, up = w_gate, w_up
+        if gate.dim() != 2 or up.shape != gate.shape:
+            raise ValueError(f"w_up: expected the shape of w_gate (I, K), got w_gate {list(gate.shape)} and w_up "
+                             f"{list(up.shape)}")
+        if up.dtype != gate.dtype or up.device != gate.device:
+            raise ValueError(f"w_up: {up.dtype} on {up.device}, while w_gate is {gate.dtype} on {gate.device}; "
+                             "pass both in one dtype on one device")
+    return glu_interleave(gate.t(), up.t()).t().contiguous()
+
+
+# What torch computes for a requested activation no kernel fuses: ACTIVATIONS and the gated one.
+EPILOGUE_ACTIVATIONS = {**ACTIVATIONS, "swiglu": swiglu_unfused}
+
 # Per requested spec field, how torch applies it to a GEMM's result (Plan.unfused), given the
 # call's bias and residual tensors: in the spec's field order, the order the epilogue applies them.
 UNFUSED = {"bias": lambda value, y, bias, residual: add_bias(y, bias),
-           "activation": lambda value, y, bias, residual: ACTIVATIONS[value](y),
+           "activation": lambda value, y, bias, residual: EPILOGUE_ACTIVATIONS[value](y),
            "residual": lambda value, y, bias, residual: add_residual(y, residual)}
 
 
 def activation_token(activation) -> str:
     """``activation`` (None, a name or an Activation) as its token; ValueError naming the argument."""
     value = "none" if activation is None else getattr(activation, "value", activation)
+    if value == "swiglu":
+        raise ValueError("activation: 'swiglu' pairs gate and up columns into half as many; call "
+                         "tilekiln.swiglu(x, tilekiln.swiglu_weight(w_gate, w_up)) instead of linear")
     if value not in ACTIVATIONS:
         raise ValueError(f"activation: {activation!r} is not one of {', '.join(repr(a) for a in ACTIVATIONS)} "
                          "(or None)")
@@ -371,6 +433,49 @@ def _linear_result(y: Tensor, x: Tensor, weight: Tensor, out: Tensor | None) -> 
     return out if out is not None else y.reshape(*x.shape[:-1], weight.shape[0])
 
 
+_SWIGLU = requested_epilogue(activation="swiglu")
+
+
+def swiglu(bundle, x: Tensor, w_gate_up: Tensor, out: Tensor | None):
+    """``silu(x @ gate.T) * (x @ up.T)``, (..., I), from ``w_gate_up`` (2I, K) in the interleaved layout
+    (:func:`swiglu_weight`): one GEMM whose epilogue writes the product where a kernel fuses it,
+    else the GEMM and the product in torch. Differentiable (the backward recomputes the GEMM)."""
+    if not isinstance(w_gate_up, Tensor):
+        raise TypeError(f"w_gate_up: expected a torch tensor, got {type(w_gate_up).__name__}")
+    if w_gate_up.dim() != 2 or x.dim() < 1 or x.shape[-1] != w_gate_up.shape[1] or w_gate_up.shape[0] % 2:
+        raise ValueError(f"w_gate_up: expected (2I, K) with K = x's last dimension and an even row count (gate and "
+                         f"up interleaved: tilekiln.swiglu_weight), got w_gate_up {list(w_gate_up.shape)} and x "
+                         f"{list(x.shape)}")
+    if w_gate_up.dtype != x.dtype:
+        raise TypeError(f"w_gate_up: dtype {w_gate_up.dtype} is not x's ({x.dtype}); convert one of them")
+    if w_gate_up.device != x.device:
+        raise ValueError(f"w_gate_up: on {w_gate_up.device} while x is on {x.device}; move it with "
+                         "w_gate_up.to(x.device)")
+    shape = (*x.shape[:-1], w_gate_up.shape[0] // 2)
+    if out is not None:
+        if not isinstance(out, Tensor):
+            raise TypeError(f"out: expected a torch tensor or None, got {type(out).__name__}")
+        if tuple(out.shape) != shape or out.dtype != x.dtype or out.device != x.device:
+            raise ValueError(f"out: expected shape {list(shape)}, dtype {x.dtype} on {x.device}, got "
+                             f"{list(out.shape)}, {out.dtype} on {out.device}")
+    _refuse_out_with_grad("swiglu", out, x, w_gate_up)
+    rows = x.reshape(-1, x.shape[-1])
+    if _is_compiling() or (_grad_enabled() and (x.requires_grad or w_gate_up.requires_grad)):
+        y = gemm_op(rows, w_gate_up.t(), bundle_ref(bundle), "", False, "swiglu")
+    else:
+        if not isinstance(bundle, Bundle):
+            bundle = resolve(bundle_ref(bundle), x.get_device())
+        y = run_gemm(bundle, rows, w_gate_up.t(), out if out is not None and out.dim() == 2 else None, None, None,
+                     _SWIGLU)
+    if y is out:
+        return out
+    y = y.reshape(shape)
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
 def _gemm_node(ref: str, a: Tensor, b: Tensor, out: Tensor | None, kernel: str):
     if out is None:
         return gemm_op(a, b, ref, kernel, False, "none")
@@ -407,6 +512,9 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
         bundle.remember(key, plan)
     if plan.unfused:
         fused = tuple(r for r in requested if r not in plan.unfused)
+        if out is None and plan.problem.out_n != plan.problem.n:
+            # A gated result torch computes is allocated as a fused one would be (and as the fakes say).
+            out = _allocate(plan.problem.out_shape, plan.problem.k, a.dtype, a.device)
         return _apply_unfused(plan, run_gemm(bundle, a, b, None, stream, kernel, fused, bias, residual), out, stream,
                               bias, residual)
     if out is None:
@@ -544,7 +652,10 @@ def gemm_op(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool, acti
 @gemm_op.register_fake
 def _gemm_fake(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool, activation: str,
                bias: Tensor | None = None) -> Tensor:
-    return _fake_result(a, b, a.dtype)
+    shape, k = result_shape(tuple(a.shape), tuple(b.shape))
+    if activation == "swiglu":
+        shape = shape[:-1] + (shape[-1] // 2,)
+    return _allocate(shape, k, a.dtype, a.device)
 
 
 def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
@@ -558,10 +669,23 @@ def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
 
 def _gemm_setup(ctx, inputs, output) -> None:
     a, b, bundle, _, _, activation, bias = inputs
-    ctx.epilogue = activation != "none" or bias is not None
-    ctx.save_for_backward(a if ctx.needs_input_grad[1] else None, b if ctx.needs_input_grad[0] else None)
+    ctx.swiglu = activation == "swiglu" and bias is None
+    ctx.epilogue = (activation != "none" or bias is not None) and not ctx.swiglu
+    # SwiGLU's gradient needs the GEMM's result, which the backward recomputes from both inputs.
+    ctx.save_for_backward(a if ctx.needs_input_grad[1] or ctx.swiglu else None,
+                          b if ctx.needs_input_grad[0] or ctx.swiglu else None)
     ctx.shapes = (a.shape, b.shape)
     ctx.bundle = bundle
+
+
+def _swiglu_grad(pre: Tensor, grad: Tensor) -> Tensor:
+    """The gradient at the interleaved gate_up result ``pre`` of ``silu(gate) * up``, given the
+    output's ``grad``; in fp32 (or ``pre``'s wider type), returned in ``pre``'s type."""
+    wide = torch.promote_types(pre.dtype, torch.float32)
+    gate, up = (h.to(wide) for h in glu_halves(pre))
+    sig = torch.sigmoid(gate)
+    g = grad.to(wide)
+    return glu_interleave(g * up * sig * (1 + gate * (1 - sig)), g * gate * sig).to(pre.dtype)
 
 
 def _gemm_backward(ctx, grad: Tensor):
@@ -569,6 +693,8 @@ def _gemm_backward(ctx, grad: Tensor):
         raise RuntimeError("tilekiln::gemm with a bias or activation has no gradient; tilekiln.linear applies "
                            "them unfused, through torch, when an input requires grad")
     a, b = ctx.saved_tensors
+    if ctx.swiglu:
+        grad = _swiglu_grad(gemm_op(a, b, ctx.bundle, "", True, "none"), grad)
     a_shape, b_shape = ctx.shapes
     grad_a = grad_b = None
     if ctx.needs_input_grad[0]:

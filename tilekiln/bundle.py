@@ -417,6 +417,13 @@ class Bundle:
                             f"{type(x).__name__} and {type(weight).__name__}")
         return torch_path().linear(self, x, weight, bias, activation, residual, out)
 
+    def swiglu(self, x, w_gate_up, *, out=None):
+        """``tilekiln.swiglu`` on this bundle's kernels."""
+        if not (is_torch_tensor(x) and is_torch_tensor(w_gate_up)):
+            raise TypeError("swiglu takes torch tensors (x and w_gate_up); the operands given are "
+                            f"{type(x).__name__} and {type(w_gate_up).__name__}")
+        return torch_path().swiglu(self, x, w_gate_up, out)
+
     def scaled_gemm(self, a, b, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, stream=None,
                     kernel: str | None = None, scale_format: str | None = None):
         """``(a @ b) * scale_a * scale_b + bias`` for fp8 inputs, like ``torch._scaled_mm``.

@@ -105,13 +105,27 @@ class Raster(str, enum.Enum):
 
 class Activation(str, enum.Enum):
     """The elementwise function the epilogue applies to the scaled fp32 accumulator before it rounds
-    it to the output type. gelutanh is GELU's tanh approximation, geluerf the exact (erf) form."""
+    it to the output type. gelutanh is GELU's tanh approximation, geluerf the exact (erf) form.
+    swiglu is gated: B's rows interleave gate and up in blocks of :data:`GLU_BLOCK`, and the kernel
+    writes ``silu(gate) * up``, N/2 columns (docs/runtime.md, the SwiGLU weight layout)."""
 
     NONE = "none"
     RELU = "relu"
     SILU = "silu"
     GELU_TANH = "gelutanh"
     GELU_ERF = "geluerf"
+    SWIGLU = "swiglu"
+
+    @property
+    def gated(self) -> bool:
+        """It pairs two of the GEMM's columns into one output column: C has N/2 columns."""
+        return self is Activation.SWIGLU
+
+
+# Rows of a gated (swiglu) weight per gate or up block: rows [gate 0, up 0, gate 1, up 1, ...]
+# of GLU_BLOCK each, so output column j of block b pairs GEMM columns 2*b*GLU_BLOCK + j (gate) and
+# (2*b + 1)*GLU_BLOCK + j (up). A kernel fuses it when I (N/2) is a multiple of it.
+GLU_BLOCK = 64
 
 
 class Scaling(str, enum.Enum):

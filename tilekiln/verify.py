@@ -11,7 +11,9 @@ and, for fp8, straight into a float32 result. Blockwise-scaled kernels run
 on inputs quantized by ``quantize_fp8_blockwise`` (K rounded up to a multiple
 of 128), against the product of the dequantized inputs; row-wise-scaled ones on
 fresh (M, 1) and (1, N) scales; residual kernels on a fresh residual, once into
-a separate output and once in place (the output is the residual). A kernel passes when every
+a separate output and once in place (the output is the residual). SwiGLU kernels run with N
+rounded up to whole gate/up block pairs (I then not a multiple of their tiles' half), writing N/2
+columns, against the float64 product paired by torch. A kernel passes when every
 relative error ||out - ref|| / ||ref|| is under :data:`TOLERANCE` and no
 output is NaN.
 
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tilekiln._files import write_atomic
-from tilekiln.spec import BLOCKWISE_BLOCK, KernelRecord, Scaling, requested_fields
+from tilekiln.spec import BLOCKWISE_BLOCK, GLU_BLOCK, KernelRecord, Scaling, requested_fields
 
 RECORD_SCHEMA = 1
 # bf16/fp16 rounding of the output alone is about 2e-3 relative; fp8 kernels are
@@ -162,7 +164,11 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
                 yield f"{pin} {m}x{n}x{k}", gemm(a, b, pin=pin), epilogue(a.double() @ b.double())
         return
     blockwise, rowwise = cfg.scaling is Scaling.BLOCKWISE, cfg.scaling is Scaling.ROWWISE
+    pair = 2 * GLU_BLOCK if cfg.activation.gated else 1
     for batch, m, n, k in SHAPES:
+        # A gated kernel pairs whole gate and up blocks; its result has half the columns.
+        n = -(-n // pair) * pair
+        out_n = n // 2 if cfg.activation.gated else n
         if fp8 and batch != 1:
             continue  # scaled GEMMs are 2-D, as torch._scaled_mm's
         if blockwise:
@@ -171,7 +177,7 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
             k, rows, blocks = -(-k // BLOCKWISE_BLOCK) * BLOCKWISE_BLOCK, (1, BLOCKWISE_BLOCK), (BLOCKWISE_BLOCK,) * 2
             a8, sa = quantize_fp8_blockwise(torch.randn(m, k, device="cuda", generator=gen), rows)
             w8, sb = quantize_fp8_blockwise(torch.randn(n, k, device="cuda", generator=gen), blocks)
-            out = _poisoned(torch, (m, n), torch.bfloat16)
+            out = _poisoned(torch, (m, out_n), torch.bfloat16)
             scaled(a8, w8.t(), out, scales=(sa, sb))
             ref = dequantize(a8, sa, rows) @ dequantize(w8, sb, blocks).t()
             yield f"{kernel.id} {m}x{n}x{k}", out, epilogue(ref)
@@ -188,11 +194,11 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
             scaled(a[0], b[0], out, out_dtype=out_dtype, scales=(sa, sb))
             yield what, out, epilogue((a[0].double() @ b[0].double()) * sa.double() * sb.double())
         elif fp8:
-            out = _poisoned(torch, (m, n), out_dtype)
+            out = _poisoned(torch, (m, out_n), out_dtype)
             scaled(a[0], b[0], out, out_dtype=out_dtype)
             yield what, out, epilogue((a[0].double() @ b[0].double()) * (SCALES[0] * SCALES[1]))
         else:
-            out = _poisoned(torch, (batch, m, n), out_dtype)
+            out = _poisoned(torch, (batch, m, out_n), out_dtype)
             if cfg.residual.value != "none":
                 # The residual has the output's strides, as the kernel reads it at C's.
                 residual = _poisoned(torch, (batch, m, n), out_dtype)

@@ -79,6 +79,12 @@ def test_rowwise_and_residual_spell_their_tokens_in_field_order():
         parse_kernel_id("gemm_sm90_bf16_bf16_f32_bf16_tn_128x128x64_c2x1_pingpong_resadd_silu")
 
 
+def test_swiglu_is_a_gated_activation_in_the_id():
+    config = parse_kernel_id("gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_swiglu_sw8")
+    assert config.activation is Activation.SWIGLU and config.activation.gated and config.swizzle == 8
+    assert not any(a.gated for a in Activation if a is not Activation.SWIGLU)
+
+
 def test_tcgen05_options_parse():
     config = parse_kernel_id("gemm_sm103_e2m1_e2m1_f32_bf16_tn_128x256x768_c2x1_2cta_sfe4m3x16_s3")
     assert config.cta_group == 2 and config.block_scale == BlockScale(DType.E4M3, 16) and config.stages == 3

@@ -7,7 +7,7 @@ from typing import Iterator
 from builder.check.context import KernelContext
 from builder.check.rules.registry import rule
 from builder.diagnostics import Diagnostic, did_you_mean
-from tilekiln.spec import BLOCKWISE_BLOCK, Scaling
+from tilekiln.spec import BLOCKWISE_BLOCK, GLU_BLOCK, Scaling
 
 
 @rule("TARGET-ARCH", "every target of a config is a compile target of its pipeline")
@@ -219,3 +219,36 @@ def check_residual(ctx: KernelContext) -> Iterator[Diagnostic]:
     if cfg.family != "gemm":
         yield ctx.diag("RESIDUAL", "residual", f"the residual is an argument of the dense gemm family, not "
                        f"{cfg.family}", "remove residual for this family", family=cfg.family)
+
+
+@rule("SWIGLU", "a swiglu kernel's tile holds whole gate/up block pairs, unswapped, with no per-value operands")
+def check_swiglu(ctx: KernelContext) -> Iterator[Diagnostic]:
+    cfg, plan = ctx.entry.config, ctx.plan
+    if not cfg.activation.gated:
+        return
+    pair = 2 * GLU_BLOCK
+    if cfg.tile.n % pair:
+        yield ctx.diag("SWIGLU", "tile", f"tile N {cfg.tile.n} is not a multiple of {pair}: B's rows interleave gate "
+                       f"and up in blocks of {GLU_BLOCK} (GLU_BLOCK), and the epilogue pairs a gate block with its up "
+                       "block inside one tile", f"use tile N a multiple of {pair} (128 or 256)",
+                       tile_n=cfg.tile.n, glu_block=GLU_BLOCK)
+    if plan.epi_n and GLU_BLOCK % plan.epi_n:
+        yield ctx.diag("SWIGLU", "tile", f"the epilogue's {plan.epi_m}x{plan.epi_n} sub-tile does not divide a "
+                       f"{GLU_BLOCK}-column gate block, so a stored sub-tile would mix gate and up columns",
+                       f"use a tile whose epilogue sub-tile N divides {GLU_BLOCK}",
+                       epi_tile=[plan.epi_m, plan.epi_n], glu_block=GLU_BLOCK)
+    if cfg.swap_ab:
+        yield ctx.diag("SWIGLU", "swap_ab", "swiglu pairs columns of C, which a swapped kernel stores along the MMA's "
+                       "rows, where the epilogue's gate and up values are in different threads",
+                       "remove swap_ab (a skinny M runs a tile of 64 rows, or the unfused GEMM)", swap_ab=True)
+    if cfg.bias.dtype is not None:
+        yield ctx.diag("SWIGLU", "bias", f"bias {cfg.bias.value} with swiglu: the epilogue does not add a bias "
+                       "before the gate and up product (tilekiln.swiglu takes none)", "remove bias",
+                       bias=cfg.bias.value)
+    # The per-value operands run along C's columns, which the gated epilogue halves.
+    if cfg.scaling is Scaling.ROWWISE:
+        yield ctx.diag("SWIGLU", "scaling", "row-wise scales with swiglu: the epilogue applies per-tensor scales to "
+                       "the gate and up values only", "use scaling: tensor", scaling=cfg.scaling.value)
+    if cfg.residual.value != "none":
+        yield ctx.diag("SWIGLU", "residual", "a residual with swiglu: the gated epilogue adds none (an MLP's "
+                       "residual goes with its down projection)", "remove residual", residual=cfg.residual.value)
