@@ -152,7 +152,11 @@ def scaled_gemm(a, b, scale_a, scale_b, *, out_dtype=None, out=None, bundle=None
     per-tensor mode. ``"blockwise"``: e4m3 ``a`` (M, K) row-major and ``b`` (K, N) K-major (an
     nn.Linear weight's ``.t()``), K a multiple of 128; ``scale_a`` float32 (M, K/128) M-major, one
     per row and 128 K, and ``scale_b`` float32 (ceil(N/128), K/128) with K/128 contiguous, one per
-    128x128 block; :func:`quantize_fp8_blockwise` makes both (docs/runtime.md)."""
+    128x128 block; :func:`quantize_fp8_blockwise` makes both (docs/runtime.md). ``"mxfp8"`` (the
+    Blackwell and Rubin bundles): e4m3 ``a`` (M, K) and ``b`` (K, N) K-major, K a multiple of 128;
+    ``scale_a``/``scale_b`` float8_e8m0fnu, one per 32 elements of a row of ``a`` / of ``b.t()``,
+    in the tcgen05 layout that ``tilekiln.blockscaled.to_blocked`` makes from row-major
+    (rows, K/32) scales (``tilekiln.blockscaled.quantize(x, "mxfp8")`` makes those)."""
     fast = _torch_operands(a, b)
     if fast is None:
         raise TypeError("scaled_gemm takes torch tensors (a and b); the operands given are "

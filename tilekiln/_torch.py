@@ -41,6 +41,8 @@ import torch
 
 from tilekiln._native import CALL
 from tilekiln._tensors import describe, torch_dtype_token
+from tilekiln.blockscaled import (RUNTIME_BLOCK_FORMATS, block_request, check_block_scales, check_scale_pointers,
+                                  format_of, requested_format)
 from tilekiln.blockwise import check_scales, scale_format_token
 from tilekiln.bundle import Bundle, raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
@@ -234,8 +236,21 @@ _BLOCKWISE = ("scaling", "blockwise")
 
 
 def _scaling(scale_format: str) -> tuple[tuple[str, object], ...]:
-    """The requested fields of a scale format (the per-tensor default asks for nothing)."""
+    """The requested fields of a scale format (the per-tensor default asks for nothing; a block-scaled
+    format, its block scale)."""
+    if scale_format in RUNTIME_BLOCK_FORMATS:
+        return block_request(scale_format)
     return () if scale_format == "tensor" else (("scaling", scale_format),)
+
+
+def _check_block_kernels(bundle: Bundle, name: str) -> None:
+    """A bundle without any kernel of the block-scaled format ``name``: the arch message, not a list
+    of every kernel's refusal."""
+    fmt = format_of(name)
+    if not any(k.config.block_scale == fmt.scale and k.config.dtypes.a == fmt.data for k in bundle.kernels):
+        raise NoKernelError(f"scale_format={name!r}: bundle {bundle.name} ({bundle.arch}) has no {name} kernels; "
+                            "the block-scaled tcgen05 MMA exists on compute capability 10.x, whose bundles "
+                            "(sm_100a, sm_103a, sm_107a) hold them")
 
 
 def linear(bundle, x: Tensor, weight: Tensor, bias: Tensor | None, activation, residual: Tensor | None,
@@ -348,18 +363,22 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
                     requested=(), bias: Tensor | None = None):
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
     blockwise = _BLOCKWISE in requested
+    block_format = requested_format(requested)
     key = ("scaled", a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.get_device(), b.get_device(),
            None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()), kernel, out_dtype,
            _scale_signature(scale_a), _scale_signature(scale_b), requested)
     plan = bundle._plans.get(key)
     if plan is None:
+        if block_format is not None:
+            check_block_scales(a, b, scale_a, scale_b, block_format)
+            _check_block_kernels(bundle, block_format)
         a_op, b_op = describe(a, "a"), describe(b, "b")
         # Blockwise scales are strided tensors, whose strides go in the plan block.
         scale_strides = check_scales(a, b, scale_a, scale_b) if blockwise else ()
         plan = bundle.plan(a_op, b_op, None if out is None else describe(out, "out"),
                            kernel, torch_dtype_token(out_dtype), allow_split=True, requested=requested,
                            scale_strides=scale_strides)
-        if not blockwise:
+        if not blockwise and block_format is None:
             for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
                 _check_scale(name, scale, plan.problem.device)
         bundle.remember(key, plan)
@@ -376,6 +395,8 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
     if plan.split > 1:
         return _split_k(bundle, plan, a, b, out, stream, scale_a.data_ptr(), scale_b.data_ptr())
     pa, pb = scale_a.data_ptr(), scale_b.data_ptr()
+    if block_format is not None:
+        check_scale_pointers(scale_a, scale_b)
     if blockwise and (pa | pb) & 3:
         name = "scale_a" if pa & 3 else "scale_b"
         raise ValueError(f"{name}: data pointer is not 4-byte aligned (a float32 view at an odd byte offset); "

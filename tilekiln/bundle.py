@@ -423,8 +423,10 @@ class Bundle:
 
         ``scale_format="tensor"``: ``scale_a``/``scale_b`` are one-element float32 tensors on the
         inputs' device (per-tensor scales). ``"blockwise"``: per-block float32 scales in the layouts
-        of tilekiln/blockwise.py (``quantize_fp8_blockwise`` makes them). ``out_dtype`` defaults to
-        bfloat16.
+        of tilekiln/blockwise.py (``quantize_fp8_blockwise`` makes them). ``"mxfp8"``: e4m3 ``a``
+        (M, K) and ``b`` (K, N) K-major with e8m0 scales per 32 elements of K, each in the hardware
+        layout ``tilekiln.blockscaled.to_blocked`` makes (CC 10.x bundles). ``out_dtype`` defaults
+        to bfloat16.
         """
         if not (is_torch_tensor(a) and is_torch_tensor(b)):
             raise TypeError("scaled_gemm takes torch tensors (a and b); the operands given are "

@@ -118,7 +118,7 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
     from tilekiln import _torch
 
     cfg = kernel.config
-    requested = tuple((f.name, spec.codec.plain(getattr(cfg, f.name))) for f, spec in requested_fields()
+    requested = tuple((f.name, spec.codec.request(getattr(cfg, f.name))) for f, spec in requested_fields()
                       if getattr(cfg, f.name) != f.default)
     bias_dtype = None if cfg.bias.dtype is None else getattr(torch, HALF.get(cfg.bias.value, "float32"))
     bias = None
