@@ -42,7 +42,7 @@ E8M0_BIAS = 127
 
 # The formats scaled_gemm takes: mxfp8. nvfp4 and mxfp4 operands are packed two e2m1 elements per
 # byte, which the runtime's operand description (one element per addressable unit) cannot spell;
-# their kernels are built and census-checked, and the reference here covers them.
+# the template builds their kernels (census-checked in the tests) and the reference here covers them.
 RUNTIME_BLOCK_FORMATS = ("mxfp8",)
 
 

@@ -92,8 +92,7 @@ def scale_format_token(scale_format) -> str:
     takes (tilekiln/blockscaled.py); ValueError naming the argument."""
     if scale_format in BLOCK_SCALE_FORMATS and scale_format not in RUNTIME_BLOCK_FORMATS:
         raise ValueError(f"scale_format: {scale_format!r} takes packed fp4 operands, which scaled_gemm does not "
-                         f"accept; its kernels are built (compile-verified) for the Blackwell bundles, and "
-                         f"scaled_gemm takes {', '.join(map(repr, _FORMATS))}")
+                         f"accept yet; it takes {', '.join(map(repr, _FORMATS))}")
     if scale_format not in _FORMATS:
         raise ValueError(f"scale_format: {scale_format!r} is not one of {', '.join(map(repr, _FORMATS))}")
     return scale_format

@@ -9,7 +9,9 @@ system and recorded. Outputs are poisoned with NaN first, so an element the
 kernel leaves unwritten fails. The fp32-result kernels run as split-K (bf16)
 and, for fp8, straight into a float32 result. Blockwise-scaled kernels run
 on inputs quantized by ``quantize_fp8_blockwise`` (K rounded up to a multiple
-of 128), against the product of the dequantized inputs. A kernel passes when every
+of 128), against the product of the dequantized inputs; block-scaled (mxfp8) kernels likewise on
+inputs quantized by ``tilekiln.blockscaled.quantize`` (K rounded up to whole scale-factor
+atoms), their scales passed in the blocked layout. A kernel passes when every
 relative error ||out - ref|| / ||ref|| is under :data:`TOLERANCE` and no
 output is NaN.
 
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tilekiln._files import write_atomic
-from tilekiln.spec import BLOCKWISE_BLOCK, KernelRecord, Scaling, requested_fields
+from tilekiln.spec import BLOCK_SCALE_FORMATS, BLOCKWISE_BLOCK, KernelRecord, Scaling, requested_fields
 
 RECORD_SCHEMA = 1
 # bf16/fp16 rounding of the output alone is about 2e-3 relative; fp8 kernels are
@@ -159,6 +161,8 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
                 yield f"{pin} {m}x{n}x{k}", gemm(a, b, pin=pin), epilogue(a.double() @ b.double())
         return
     blockwise = cfg.scaling is Scaling.BLOCKWISE
+    block_format = next((name for name, f in BLOCK_SCALE_FORMATS.items()
+                         if (f.data, f.scale) == (cfg.dtypes.a, cfg.block_scale)), None)
     for batch, m, n, k in SHAPES:
         if fp8 and batch != 1:
             continue  # scaled GEMMs are 2-D, as torch._scaled_mm's
@@ -172,6 +176,17 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
             scaled(a8, w8.t(), out, scales=(sa, sb))
             ref = dequantize(a8, sa, rows) @ dequantize(w8, sb, blocks).t()
             yield f"{kernel.id} {m}x{n}x{k}", out, epilogue(ref)
+            continue
+        if block_format is not None:
+            from tilekiln import blockscaled as bs
+
+            step = bs.ATOM_BLOCKS * cfg.block_scale.block
+            k = -(-k // step) * step
+            a8, sa = bs.quantize(torch.randn(m, k, device="cuda", generator=gen), block_format)
+            w8, sw = bs.quantize(torch.randn(n, k, device="cuda", generator=gen), block_format)
+            out = _poisoned(torch, (m, n), torch.bfloat16)
+            scaled(a8, w8.t(), out, scales=(bs.to_blocked(sa), bs.to_blocked(sw)))
+            yield f"{kernel.id} {m}x{n}x{k}", out, epilogue(bs.reference_mm(a8, sa, w8, sw, block_format))
             continue
         a = _matrix(torch, m, k, cfg.layout.a_k_major, batch, dtype, gen)
         b = _matrix(torch, k, n, not cfg.layout.b_k_major, batch, dtype, gen)
