@@ -71,6 +71,9 @@ TCGEN05_KERNELS = {
     "gemm_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_sfe8m0x32": (
         "sm_107a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
                    "    tile: [128, 256, 128]\n    cluster: [1, 1]"),
+    "gemm_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c2x1_2cta_sfe8m0x32": (
+        "sm_103a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
+                   "    tile: [128, 256, 128]\n    cluster: [2, 1]\n    cta_group: 2"),
 }
 # The block-scaled fp4 kernels: census only (the runtime takes no packed fp4 operands, so the
 # launch test, which plans through it, cannot run them).
@@ -81,6 +84,9 @@ FP4_KERNELS = {
     "gemm_sm100_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe8m0x32": (
         "sm_103a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
                    "    tile: [128, 256, 256]\n    cluster: [1, 1]"),
+    "gemm_sm100_e2m1_e2m1_f32_bf16_tn_128x256x256_c2x1_2cta_sfe4m3x16": (
+        "sm_107a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}\n    block_scale: {scale: e4m3, block: 16}\n"
+                   "    tile: [128, 256, 256]\n    cluster: [2, 1]\n    cta_group: 2"),
 }
 
 
@@ -120,7 +126,7 @@ def tcgen05_build(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def fp4_build(tmp_path_factory):
-    """FP4_KERNELS built into the sm100a and sm103a bundles."""
+    """FP4_KERNELS built into the sm100a, sm103a and sm107a bundles."""
     base = tmp_path_factory.mktemp("fp4")
     (base / "sm100.yaml").write_text(tcgen05_catalog("sm100", FP4_KERNELS))
     project = fixture_project(base / "project", [base / "sm100.yaml"])

@@ -6,11 +6,12 @@ sm_103a, sm_107a between them). No Blackwell or Rubin part has run them; this SA
 what verifies them. Per kernel, from the plan the validator derived:
 
 * the MMA kind: UTCQMMA for e4m3 data (kind::mxf8f6f4), UTCOMMA for e2m1 (kind::mxf4 and
-  mxf4nvf4), ``k_blocks`` of them per K slice, no other MMA;
+  mxf4nvf4), ``k_blocks`` of them per K slice, no other MMA; every MMA and scale-factor copy in
+  its ``.2CTA`` form exactly when the kernel pairs CTAs;
 * the block-scaled form: every MMA names three tensor-memory operands, the accumulator and
   the scale factors of A and of B (a dense UTCQMMA names the accumulator only, its sixth
   operand a register); nvfp4's, with four 16-element scale blocks per 64-element MMA K, are
-  the ``.4X`` form;
+  the ``.4X`` form (``.BLOCK16`` as nvdisasm spells it for sm_107a);
 * the scale factors' way into tensor memory: one ``UTCCP.T.S.4x32dp128bit`` (tcgen05.cp of
   a 512-byte scale-factor atom) per atom of the stage's SFA and SFB;
 * TMA loads (A, B and both scale-factor tensors) and stores, no local memory, the shared
@@ -34,6 +35,9 @@ KERNELS = {**{k: v for k, v in TCGEN05_KERNELS.items() if "_sf" in k}, **FP4_KER
 MMA_BY_BITS = {8: "UTCQMMA", 4: "UTCOMMA"}
 MMA_OPCODES = ("UTCHMMA", "UTCQMMA", "UTCOMMA", "UTCIMMA")
 ATOM_BYTES = 512  # one scale-factor atom: 128 rows x 4 blocks
+# nvdisasm's spelling of the MMA with a 16-element scale block (four per 64-element fp4 MMA K):
+# .4X for sm_100a and sm_103a, .BLOCK16 for sm_107a (CUDA 13 toolchain, measured).
+BLOCK16_FORM = {"sm_107a": ".BLOCK16"}
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +60,14 @@ def test_kernel_compiles_to_the_block_scaled_mma_its_plan_names(records, kernel_
     assert all(record.info.count(op) == 0 for op in MMA_OPCODES if op != mma)
     sass = disassemble(record.cubin)
     lines = mma_lines(sass)
-    form = f"{mma}.4X" if cfg.block_scale.block == 16 else mma
+    pair = ".2CTA" if plan.cta_group == 2 else ""
+    form = f"{mma}{pair}{BLOCK16_FORM.get(arch, '.4X')}" if cfg.block_scale.block == 16 else f"{mma}{pair}"
     assert {re.search(r"\b(UTC[A-Z]MMA(?:\.[A-Z0-9_]+)*)", line).group(1) for line in lines} == {form}
     assert all(line.count("tmem[") == 3 for line in lines), lines
+    # Under a pair each CTA holds all of the tile's SFB: one copy per atom of SFA and of SFB.
     one = record.ctx.plan.smem.scale_bytes // plan.stages
-    assert sass.count("UTCCP.T.S.4x32dp128bit") == one // ATOM_BYTES
+    assert len(re.findall(r"\bUTCCP\.T\.S\.(?:2CTA\.)?4x32dp128bit\b", sass)) == one // ATOM_BYTES
+    assert f"UTCCP.T.S{pair}.4x32dp128bit" in sass
     assert record.info.count("UTMALDG") >= 4 and record.info.count("UTMASTG") > 0
     assert not record.info.spills and record.info.local_bytes == 0 and record.info.stack_bytes == 0
     facts = record.ctx.facts
