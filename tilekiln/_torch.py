@@ -41,8 +41,8 @@ import torch
 
 from tilekiln._native import CALL
 from tilekiln._tensors import describe, torch_dtype_token
-from tilekiln.blockscaled import (RUNTIME_BLOCK_FORMATS, block_request, check_block_scales, check_scale_pointers,
-                                  format_of, requested_format)
+from tilekiln.blockscaled import (RUNTIME_BLOCK_FORMATS, block_request, check_block_operands,
+                                  check_block_scale_tensors, check_scale_pointers, format_of, requested_format)
 from tilekiln.blockwise import check_scales, scale_format_token
 from tilekiln.bundle import Bundle, raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
@@ -370,15 +370,18 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
     plan = bundle._plans.get(key)
     if plan is None:
         if block_format is not None:
-            check_block_scales(a, b, scale_a, scale_b, block_format)
             _check_block_kernels(bundle, block_format)
+            check_block_operands(a, b, block_format)
         a_op, b_op = describe(a, "a"), describe(b, "b")
         # Blockwise scales are strided tensors, whose strides go in the plan block.
         scale_strides = check_scales(a, b, scale_a, scale_b) if blockwise else ()
         plan = bundle.plan(a_op, b_op, None if out is None else describe(out, "out"),
                            kernel, torch_dtype_token(out_dtype), allow_split=True, requested=requested,
                            scale_strides=scale_strides)
-        if not blockwise and block_format is None:
+        # The operands' own checks (device, dtype, shapes) came with the plan; then their scales'.
+        if block_format is not None:
+            check_block_scale_tensors(a, b, scale_a, scale_b, block_format)
+        elif not blockwise:
             for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
                 _check_scale(name, scale, plan.problem.device)
         bundle.remember(key, plan)

@@ -214,26 +214,38 @@ def check_block_scales(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b, name:
     """Check a block-scaled call's operands and scales; an error names the argument, what is wrong
     and how to fix it. ``a`` (M, K) and ``b`` (K, N) K-major (``weight.t()``), ``scale_a`` and
     ``scale_b`` :func:`to_blocked` of their row-major scales (of a and of weight)."""
+    check_block_operands(a, b, name)
+    check_block_scale_tensors(a, b, scale_a, scale_b, name)
+
+
+def check_block_operands(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
+    """The operands' part of :func:`check_block_scales`: element type, 2-D, K, B's majorness."""
     fmt = format_of(name)
     block, step = fmt.scale.block, ATOM_BLOCKS * fmt.scale.block
-    want = fmt.data.value
-    for which, t in (("a", a), ("b", b)):
-        if t.dim() != 2:
-            raise ValueError(f"{which}: {name} scaled_gemm takes 2-D operands a (M, K) and b (K, N), got "
-                             f"{which} of shape {list(t.shape)}")
-    element = getattr(torch, DTYPES[want].torch)
+    element = getattr(torch, DTYPES[fmt.data.value].torch)
     for which, t in (("a", a), ("b", b)):
         if t.dtype != element:
             raise TypeError(f"{which}: {name} takes {element} elements, got {t.dtype}; quantize it with "
                             f"tilekiln.blockscaled.quantize(x, {name!r})")
-    m, k = a.shape
-    n = b.shape[1]
+    for which, t in (("a", a), ("b", b)):
+        if t.dim() != 2:
+            raise ValueError(f"{which}: {name} scaled_gemm takes 2-D operands a (M, K) and b (K, N), got "
+                             f"{which} of shape {list(t.shape)}")
+    k = a.shape[1]
     if k % step:
         raise ValueError(f"a: K = {k} is not a multiple of {step}; {name} kernels read scale factors in groups of "
                          f"{ATOM_BLOCKS} blocks of {block} (pad K with zeros to a multiple of {step})")
     if b.shape[0] > 1 and b.stride(0) != 1:
         raise ValueError(f"b: {name} scaled_gemm takes b K-major, a (N, K) row-major weight's transpose "
                          f"(weight.t()); got strides {list(b.stride())}")
+
+
+def check_block_scale_tensors(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b, name: str) -> None:
+    """The scales' part of :func:`check_block_scales`: dtype, blocked shape, contiguity, device."""
+    fmt = format_of(name)
+    block = fmt.scale.block
+    m, k = a.shape
+    n = b.shape[1]
     device = a.get_device()
     dtype = scale_dtype(name)
     for which, scale, rows, source in (("scale_a", scale_a, m, "a's"), ("scale_b", scale_b, n, "the weight's")):
