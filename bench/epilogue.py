@@ -8,9 +8,10 @@ shape (the method of bench/gemm.py), every shape checked against float64 first:
   ``act(F.linear(x, w, bias))`` for Llama-3-8B's layers (fused QKV, attention output, fused
   gate/up, down) at token counts 1 to 16384 (a geometric grid and log-uniform draws between);
 - ``mlp``: a Llama-3-8B and a Llama-3-70B MLP block with its residual, ``down(silu(gate) * up) + x``
-  with gate and up from one GEMM: tilekiln's route (``tilekiln.swiglu`` where the runtime has
-  it, else ``linear`` and the product in torch, then ``linear(..., residual=x)``) against torch
-  eager's ops;
+  with gate and up from one GEMM: tilekiln's route (``tilekiln.swiglu`` on the weight
+  ``tilekiln.swiglu_weight`` converts once, the product in its epilogue, then
+  ``linear(..., residual=x)``) against torch eager's ops; each row names the swiglu GEMM's
+  kernel, and says so where the product ran unfused;
 - ``rowwise``: ``tilekiln.scaled_gemm`` with (M, 1) and (1, N) float32 scales against
   ``torch._scaled_mm`` with the same scales; a bundle that takes no row-wise scales is recorded
   as such, with the error it raised.
@@ -113,35 +114,33 @@ def torch_mlp(x, w_gu, w_down):
 
 
 def tilekiln_mlp(bundle):
-    """tilekiln's MLP block: one fused SwiGLU GEMM where the runtime has it, else the GEMM and the
-    product in torch; then the down projection with the residual."""
-    swiglu = getattr(tilekiln, "swiglu", None)
+    """tilekiln's MLP block: one GEMM with SwiGLU in its epilogue (on the converted weight), then
+    the down projection with the residual."""
+    def run(x, w_swiglu, w_down):
+        return tilekiln.linear(tilekiln.swiglu(x, w_swiglu, bundle=bundle), w_down, residual=x, bundle=bundle)
+    return run
 
-    def run(x, w_gu, w_down, w_swiglu):
-        if swiglu is not None:
-            h = swiglu(x, w_swiglu, bundle=bundle)
-        else:
-            gu = tilekiln.linear(x, w_gu, bundle=bundle)
-            inter = w_down.shape[1]
-            h = F.silu(gu[:, :inter]) * gu[:, inter:]
-        return tilekiln.linear(h, w_down, residual=x, bundle=bundle)
-    return run, "swiglu" if swiglu is not None else "linear+torch swiglu"
+
+def swiglu_route(bundle, x, w_swiglu) -> str:
+    """The swiglu GEMM's kernel, and whether the product ran in its epilogue."""
+    choice = tilekiln.explain(x, w_swiglu.t(), activation="swiglu", bundle=bundle)
+    return f"swiglu {choice.label}" + (" (unfused: product in torch)" if choice.notes else "")
 
 
 def mlp_row(bundle, model: str, hidden: int, inter: int, m: int) -> dict:
     w_gu = torch.randn(2 * inter, hidden, device="cuda", dtype=torch.bfloat16) / math.sqrt(hidden)
     w_down = torch.randn(hidden, inter, device="cuda", dtype=torch.bfloat16) / math.sqrt(inter)
-    convert = getattr(tilekiln, "swiglu_weight", None)
-    w_swiglu = convert(w_gu) if convert is not None else None
+    w_swiglu = tilekiln.swiglu_weight(w_gu)
     xs = [torch.randn(m, hidden, device="cuda", dtype=torch.bfloat16) for _ in range(copies(4 * m * hidden))]
-    run, route = tilekiln_mlp(bundle)
+    run = tilekiln_mlp(bundle)
     x = xs[0]
+    route = swiglu_route(bundle, x, w_swiglu)
     ref = torch_mlp(x.double(), w_gu.double(), w_down.double())
-    err = rel_error(run(x, w_gu, w_down, w_swiglu), ref)
+    err = rel_error(run(x, w_swiglu, w_down), ref)
     if not err < 2e-2:
         raise SystemExit(f"bench/epilogue.py: {model} MLP at M {m}: relative error {err:.3g}")
     flops = 2 * m * hidden * 3 * inter
-    tk_ms, th_ms = pair_ms(lambda i: run(xs[i % len(xs)], w_gu, w_down, w_swiglu),
+    tk_ms, th_ms = pair_ms(lambda i: run(xs[i % len(xs)], w_swiglu, w_down),
                            lambda i: torch_mlp(xs[i % len(xs)], w_gu, w_down), launches(flops))
     return {"model": model, "m": m, "hidden": hidden, "intermediate": inter, "route": route, "relative_error": err,
             "tilekiln_us": round(1000 * tk_ms, 3), "torch_us": round(1000 * th_ms, 3), "ratio": round(th_ms / tk_ms, 4)}

@@ -3,8 +3,8 @@
 A ``LlamaForCausalLM`` with Llama-3-8B's dimensions (hidden 4096, 32 query and 8 key/value heads,
 intermediate 14336, vocabulary 128256) but only ``--layers`` decoder layers, random bf16
 weights. Every ``nn.Linear`` is switched to ``tilekiln.linear`` and every MLP to tilekiln's
-route (gate and up as one GEMM: ``tilekiln.swiglu`` where the runtime has it, else
-``tilekiln.linear`` and the product in torch); a switch flips the same model between torch and
+route (gate and up as one GEMM with SwiGLU in its epilogue, ``tilekiln.swiglu`` on the weight
+``tilekiln.swiglu_weight`` converts once; then down); a switch flips the same model between torch and
 tilekiln, so both run the same weights. The logits of a prefill are compared at bf16
 tolerance, then prefills are timed interleaved (CUDA events around whole forward passes, eager,
 as a serving stack without graphs runs prefill), side by side, per sequence length.
@@ -25,7 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tilekiln.tuning.timing import require_cuda_torch  # noqa: E402
 
 torch = require_cuda_torch("bench/llama.py")
-import torch.nn.functional as F  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import tilekiln  # noqa: E402
@@ -55,21 +54,15 @@ def patch_linear(module: torch.nn.Linear, switch: Switch) -> None:
 
 
 def patch_mlp(mlp, switch: Switch) -> None:
-    """Gate and up as one GEMM of their stacked weights (made once), then down."""
+    """Gate and up as one GEMM of their interleaved weights (converted once) with SwiGLU in its
+    epilogue, then down."""
     torch_forward = mlp.forward
-    w_gu = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).contiguous()
-    convert = getattr(tilekiln, "swiglu_weight", None)
-    w_swiglu = convert(w_gu) if convert is not None and hasattr(tilekiln, "swiglu") else None
-    inter = mlp.gate_proj.weight.shape[0]
+    w_swiglu = tilekiln.swiglu_weight(mlp.gate_proj.weight, mlp.up_proj.weight)
 
     def forward(x):
         if not switch.tilekiln:
             return torch_forward(x)
-        if w_swiglu is not None:
-            h = tilekiln.swiglu(x, w_swiglu, bundle=switch.bundle)
-        else:
-            gu = tilekiln.linear(x, w_gu, bundle=switch.bundle)
-            h = F.silu(gu[..., :inter]) * gu[..., inter:]
+        h = tilekiln.swiglu(x, w_swiglu, bundle=switch.bundle)
         return tilekiln.linear(h, mlp.down_proj.weight, bundle=switch.bundle)
     mlp.forward = forward
 
@@ -137,7 +130,7 @@ def main() -> None:
                   f"ratio {torch_ms / tk_ms:.3f}", flush=True)
             report = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
                       "torch": torch.__version__, "bundle": switch.bundle.name, "layers": args.layers,
-                      "mlp_route": "swiglu" if hasattr(tilekiln, "swiglu") else "linear+torch swiglu", "results": rows}
+                      "mlp_route": "swiglu", "results": rows}
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(report, indent=2) + "\n")
 

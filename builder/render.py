@@ -16,7 +16,7 @@ from pathlib import Path
 import jinja2
 
 from builder.check.context import KernelContext
-from tilekiln.spec import BLOCK_EXTENTS, BLOCKWISE_BLOCK, FAMILIES
+from tilekiln.spec import BLOCK_EXTENTS, BLOCKWISE_BLOCK, FAMILIES, GLU_BLOCK
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,8 @@ def template_context(ctx: KernelContext) -> dict[str, object]:
     """The template variables: the kernel's config (``cfg``, every field of tilekiln/spec.py's
     KernelConfig), the plan the validator checked (``plan``), its family's arguments
     (``family``), the blockwise scale block and the extents counted in it (``block``,
-    ``block_extents``), and the one fact value a template embeds."""
+    ``block_extents``), the gated weights' block of rows (``glu_block``), and the one fact value a
+    template embeds."""
     cfg = ctx.entry.config
     return {
         "kernel_id": ctx.entry.kernel_id,
@@ -53,6 +54,7 @@ def template_context(ctx: KernelContext) -> dict[str, object]:
         "family": FAMILIES[cfg.family],
         "block": BLOCKWISE_BLOCK,
         "block_extents": tuple(BLOCK_EXTENTS),
+        "glu_block": GLU_BLOCK,
         # Read only by kernels that hint a load, so a pipeline without the fact builds the rest.
         "evict_first_policy": hex(ctx.facts.require("tma_cache_policy_evict_first")) if cfg.evict_first else "0",
     }

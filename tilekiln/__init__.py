@@ -19,9 +19,9 @@ from tilekiln.errors import (BundleCompatibilityError, BundleError, BundleIntegr
                              NoKernelError, TilekilnError)
 
 __version__ = "0.3.0"
-__all__ = ["load", "bundles", "gemm", "linear", "scaled_gemm", "grouped_gemm", "grouped_gemm_masked", "explain",
-           "Bundle", "TilekilnError", "BundleError", "BundleIntegrityError", "BundleCompatibilityError",
-           "NoKernelError", "LaunchError", "quantize_fp8_blockwise"]
+__all__ = ["load", "bundles", "gemm", "linear", "swiglu", "swiglu_weight", "scaled_gemm", "grouped_gemm",
+           "grouped_gemm_masked", "explain", "Bundle", "TilekilnError", "BundleError", "BundleIntegrityError",
+           "BundleCompatibilityError", "NoKernelError", "LaunchError", "quantize_fp8_blockwise"]
 
 
 def load(path_or_name, *, trusted_keys=None):
@@ -133,9 +133,12 @@ def linear(x, weight, bias=None, *, activation=None, residual=None, out=None, bu
     the activation. ``activation``: None, ``"relu"``, ``"silu"``, ``"gelutanh"`` (GELU's tanh form)
     or ``"geluerf"`` (exact GELU). The bias and the activation run in the GEMM's epilogue where a
     kernel of the bundle computes them (the bias alone where no kernel also has the activation);
-    the residual and whatever no kernel fuses are applied by torch afterwards
-    (``explain(..., bias=..., activation=...)`` says which). The result has x's dtype.
-    Differentiable (unfused when an input requires grad); torch tensors.
+    ``residual``: None or a tensor of the result's shape, added after the activation; it is fused
+    too where a kernel adds one and the residual has x's dtype and the strides of ``out`` (or,
+    without ``out``, of the contiguous result), so ``linear(x, w, residual=h, out=h)`` adds in
+    place. Whatever no kernel fuses torch applies afterwards (``explain(..., bias=...,
+    activation=..., residual=...)`` says which). The result has x's dtype. Differentiable
+    (unfused when an input requires grad); torch tensors.
     """
     fast = _torch_operands(x, weight)
     if fast is None:
@@ -144,24 +147,54 @@ def linear(x, weight, bias=None, *, activation=None, residual=None, out=None, bu
     return fast.linear(bundle, x, weight, bias, activation, residual, out)
 
 
-def scaled_gemm(a, b, scale_a, scale_b, *, out_dtype=None, out=None, bundle=None, stream=None,
-                scale_format="tensor"):
-    """fp8 ``(a @ b) * scale_a * scale_b`` with bf16 output by default. Takes torch tensors.
+def swiglu(x, w_gate_up, *, out=None, bundle=None):
+    """``silu(x @ w_gate.T) * (x @ w_up.T)``, (..., I), with ``x`` (..., K) and ``w_gate_up`` the (2I, K)
+    weight :func:`swiglu_weight` makes (gate and up rows interleaved in blocks of 64).
 
-    ``scale_format="tensor"``: per-tensor (one-element float32) scales, ``torch._scaled_mm``'s
-    per-tensor mode. ``"blockwise"``: e4m3 ``a`` (M, K) row-major and ``b`` (K, N) K-major (an
-    nn.Linear weight's ``.t()``), K a multiple of 128; ``scale_a`` float32 (M, K/128) M-major, one
-    per row and 128 K, and ``scale_b`` float32 (ceil(N/128), K/128) with K/128 contiguous, one per
-    128x128 block; :func:`quantize_fp8_blockwise` makes both (docs/runtime.md). ``"mxfp8"`` (the
-    Blackwell and Rubin bundles): e4m3 ``a`` (M, K) and ``b`` (K, N) K-major, K a multiple of 128;
-    ``scale_a``/``scale_b`` float8_e8m0fnu, one per 32 elements of a row of ``a`` / of ``b.t()``,
-    in the tcgen05 layout that ``tilekiln.blockscaled.to_blocked`` makes from row-major
-    (rows, K/32) scales (``tilekiln.blockscaled.quantize(x, "mxfp8")`` makes those)."""
+    One GEMM whose epilogue writes the product (the (..., 2I) intermediate is never stored) where a
+    kernel of the bundle fuses it; otherwise the GEMM, then the product in torch
+    (``explain(x, w_gate_up.t(), activation="swiglu")`` says which). The result has x's dtype.
+    Differentiable (the backward recomputes the GEMM); torch tensors.
+    """
+    fast = _torch_operands(x, w_gate_up)
+    if fast is None:
+        raise TypeError("swiglu takes torch tensors (x and w_gate_up); the operands given are "
+                        f"{type(x).__name__} and {type(w_gate_up).__name__}")
+    return fast.swiglu(bundle, x, w_gate_up, out)
+
+
+def swiglu_weight(w_gate, w_up=None):
+    """The (2I, K) weight :func:`swiglu` takes, from ``w_gate`` and ``w_up`` (I, K) each (nn.Linear
+    weights), or from one stacked ``[gate; up]`` (2I, K) weight: rows [gate 0:64, up 0:64, gate
+    64:128, up 64:128, ...] (docs/runtime.md). Convert once, when the model is loaded."""
+    from tilekiln.bundle import torch_path
+
+    return torch_path().swiglu_weight(w_gate, w_up)
+
+
+def scaled_gemm(a, b, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, bundle=None, stream=None,
+                scale_format=None):
+    """fp8 ``(a @ b) * scale_a * scale_b + bias`` with bf16 output by default. Takes torch tensors.
+
+    ``scale_format`` None (the default) reads the scales as ``torch._scaled_mm`` does: one-element
+    float32 scales are per-tensor, (M, 1) and (1, N) ones row-wise. ``"tensor"``: per-tensor
+    scales. ``"rowwise"``: 2-D ``a`` (M, K) and ``b`` (K, N), ``scale_a`` float32 (M, 1) and
+    ``scale_b`` float32 (1, N), both contiguous: ``out[m, n] = (a @ b)[m, n] * scale_a[m] *
+    scale_b[n]``, applied in fp32 in the epilogue. ``"blockwise"``: e4m3 ``a`` (M, K) row-major and
+    ``b`` (K, N) K-major (an nn.Linear weight's ``.t()``), K a multiple of 128; ``scale_a`` float32
+    (M, K/128) M-major, one per row and 128 K, and ``scale_b`` float32 (ceil(N/128), K/128) with
+    K/128 contiguous, one per 128x128 block; :func:`quantize_fp8_blockwise` makes both
+    (docs/runtime.md). ``"mxfp8"`` (the Blackwell and Rubin bundles): e4m3 ``a`` (M, K) and ``b``
+    (K, N) K-major, K a multiple of 128; ``scale_a``/``scale_b`` float8_e8m0fnu, one per 32
+    elements of a row of ``a`` / of ``b.t()``, in the tcgen05 layout that
+    ``tilekiln.blockscaled.to_blocked`` makes from row-major (rows, K/32) scales
+    (``tilekiln.blockscaled.quantize(x, "mxfp8")`` makes those). ``bias``: None or a contiguous (N,) tensor of the result's type or float32,
+    added after the scales, fused where a kernel adds it (else by torch; ``explain`` says which)."""
     fast = _torch_operands(a, b)
     if fast is None:
         raise TypeError("scaled_gemm takes torch tensors (a and b); the operands given are "
                         f"{type(a).__name__} and {type(b).__name__}")
-    return fast.scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream, None, scale_format)
+    return fast.scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream, None, scale_format, bias)
 
 
 def quantize_fp8_blockwise(x, block=(1, 128), *, power_of_two=False):
@@ -200,13 +233,18 @@ def grouped_gemm_masked(a, b, masked_m, *, scale_a=None, scale_b=None, out=None,
     return fast.grouped_gemm(bundle, a, b, masked_m, scale_a, scale_b, out, stream, masked=True)
 
 
-def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias=None, offs=None, masked_m=None):
+def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias=None, residual=None,
+            scale_format=None, offs=None, masked_m=None):
     """The kernel ``gemm`` would run for these operands, why, and why not the others; with
     ``backward`` (by default when an input requires grad), what the gradient's GEMMs run on; with
-    ``activation`` and ``bias`` (the bias tensor, or its type: ``"bf16"``, ``"f32"`` or a torch
-    dtype), whether a kernel fuses them (as ``linear`` would ask); with ``offs`` (or ``masked_m``),
-    the kernel ``grouped_gemm(a, b, offs)`` (``grouped_gemm_masked``) would run."""
+    ``activation`` (``"swiglu"`` for ``swiglu(x, w)``: pass ``x`` and ``w.t()``), ``bias`` (the bias tensor, or its type: ``"bf16"``, ``"f32"`` or a torch
+    dtype) and ``residual`` (a residual tensor, or True), whether a kernel fuses them (as ``linear``
+    would ask; the residual fuses only where its strides are the result's, docs/runtime.md); with
+    ``scale_format`` (``"rowwise"``, ``"blockwise"``), the kernel ``scaled_gemm`` would run for
+    fp8 operands with such scales; with ``offs`` (or ``masked_m``), the kernel
+    ``grouped_gemm(a, b, offs)`` (``grouped_gemm_masked``) would run."""
     from tilekiln._tensors import is_torch_tensor, torch_dtype_token
+    from tilekiln.blockwise import scale_format_token
     from tilekiln.problem import requested_epilogue
 
     if offs is not None or masked_m is not None:
@@ -214,8 +252,13 @@ def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias
         return _bundle_for(a, bundle).explain_grouped(a, b, masked_m if masked else offs, out, masked=masked)
     bias_type = "none" if bias is None else torch_dtype_token(bias.dtype if is_torch_tensor(bias) else bias)
     act = "none" if activation is None else getattr(activation, "value", activation)
-    requested = requested_epilogue(bias=bias_type, activation=act)
-    return _bundle_for(a, bundle).explain(a, b, out, backward=backward, requested=requested)
+    scaling = "tensor" if scale_format is None else scale_format_token(scale_format)
+    requested = requested_epilogue(scaling=scaling, bias=bias_type, activation=act,
+                                   residual="none" if residual is None or residual is False else "add")
+    # A scaled (fp8) call's result is bf16 by default, as scaled_gemm's.
+    out_dtype = None if scale_format is None else (
+        torch_dtype_token(out.dtype) if out is not None and is_torch_tensor(out) else "bf16")
+    return _bundle_for(a, bundle).explain(a, b, out, out_dtype, backward=backward, requested=requested)
 
 
 def __getattr__(name: str):

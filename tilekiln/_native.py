@@ -1,4 +1,4 @@
-"""ctypes binding of a bundle's shared library (its ``tk_*`` C API, ABI 7).
+"""ctypes binding of a bundle's shared library (its ``tk_*`` C API, ABI 8).
 
 The library is the bundle's kernels linked with the static CUDA runtime; it
 needs only libc and the NVIDIA driver. A launch of a kernel of family F passes

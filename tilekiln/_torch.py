@@ -4,9 +4,10 @@ Imported only when torch tensors are passed; importing it registers eight operat
 
     tilekiln::gemm(a, b, bundle, kernel, fallback, activation, bias=None) -> Tensor
                                                                   autograd: dA = dC·Bᵀ, dB = Aᵀ·dC
+                                                                  (swiglu: dC from the recomputed GEMM)
     tilekiln::gemm_out(a, b, out!, bundle, kernel)
-    tilekiln::scaled_gemm(a, b, scale_a, scale_b, out_dtype, bundle, kernel, scale_format) -> Tensor
-    tilekiln::scaled_gemm_out(a, b, scale_a, scale_b, out!, bundle, kernel, scale_format)
+    tilekiln::scaled_gemm(a, b, scale_a, scale_b, out_dtype, bundle, kernel, scale_format, bias=None) -> Tensor
+    tilekiln::scaled_gemm_out(a, b, scale_a, scale_b, out!, bundle, kernel, scale_format, bias=None)
     tilekiln::grouped_gemm(a, b, offs, scale_a, scale_b, bundle, kernel) -> Tensor
     tilekiln::grouped_gemm_out(a, b, offs, scale_a, scale_b, out!, bundle, kernel)
     tilekiln::grouped_gemm_masked(a, b, masked_m, scale_a, scale_b, bundle, kernel) -> Tensor
@@ -47,6 +48,7 @@ from tilekiln.blockwise import check_scales, scale_format_token
 from tilekiln.bundle import Bundle, raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
 from tilekiln.problem import requested_epilogue, result_shape, result_strides
+from tilekiln.spec import GLU_BLOCK
 
 Tensor = torch.Tensor
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -121,6 +123,45 @@ def _check_scale(name: str, scale, device: int) -> None:
             name=name, what=f"{scale.dtype} with {scale.numel()} elements on {scale.device}"))
 
 
+def scale_format_of(scale_format, scale_a, scale_b) -> str:
+    """The call's scale format: ``scale_format`` checked, or where it is None, read from the scales as
+    torch._scaled_mm reads them: row-wise unless both are one-element tensors."""
+    if scale_format is not None:
+        return scale_format_token(scale_format)
+    if all(isinstance(s, Tensor) for s in (scale_a, scale_b)) and (scale_a.numel() != 1 or scale_b.numel() != 1):
+        return "rowwise"
+    return "tensor"
+
+
+def check_rowwise_scales(a: Tensor, b: Tensor, scale_a, scale_b) -> None:
+    """Check a row-wise call's operands and scales: 2-D a (M, K) and b (K, N), float32 scale_a (M, 1)
+    and scale_b (1, N), each contiguous, on the inputs' device. TypeError or ValueError naming the
+    argument, what is wrong and how to fix it."""
+    result_shape(tuple(a.shape), tuple(b.shape))  # shapes that multiply, as every call checks first
+    if a.dim() != 2 or b.dim() != 2:
+        which = "a" if a.dim() != 2 else "b"
+        raise ValueError(f"{which}: row-wise scaled_gemm takes 2-D operands a (M, K) and b (K, N), as "
+                         f"torch._scaled_mm does; got {which} of shape {list((a if which == 'a' else b).shape)}")
+    m, n = a.shape[0], b.shape[1]
+    for name, scale, shape, along, per in (("scale_a", scale_a, (m, 1), 0, "row of a"),
+                                           ("scale_b", scale_b, (1, n), 1, "column of b")):
+        want = (f"float32 tensor {'(M, 1)' if along == 0 else '(1, N)'} = {shape}, contiguous, on the inputs' "
+                f"device (one scale per {per})")
+        if not isinstance(scale, Tensor):
+            raise TypeError(f"{name}: expected a {want}; got {type(scale).__name__}")
+        problems = []
+        if scale.dtype != torch.float32:
+            problems.append(f"dtype {scale.dtype} (convert with .float())")
+        if tuple(scale.shape) != shape:
+            problems.append(f"shape {list(scale.shape)}")
+        elif shape[along] > 1 and scale.stride(along) != 1:
+            problems.append(f"strides {list(scale.stride())} (pass .contiguous())")
+        if scale.device != a.device:
+            problems.append(f"device {scale.device}")
+        if problems:
+            raise ValueError(f"{name}: expected a {want} for row-wise scaling; got {', '.join(problems)}")
+
+
 def _scale_signature(scale) -> tuple:
     """What of a scale its check (and a blockwise plan's strides) depends on; part of the plan key,
     so a cached plan is never reused for a scale the check would refuse."""
@@ -144,6 +185,12 @@ ACTIVATIONS = {
 }
 
 
+def add_residual(y: Tensor, residual: Tensor) -> Tensor:
+    """``y + residual`` computed in float32 and rounded once to ``y``'s type, as the fused epilogue
+    adds the residual to its fp32 value."""
+    return (y.float() + residual).to(y.dtype)
+
+
 def add_bias(y: Tensor, bias: Tensor) -> Tensor:
     """``y + bias`` computed in the wider of the two types and returned in ``y``'s, as the fused
     epilogue adds an f32 bias to the fp32 accumulator and rounds once to the output type."""
@@ -151,33 +198,96 @@ def add_bias(y: Tensor, bias: Tensor) -> Tensor:
     return (y.to(wide) + bias).to(y.dtype)
 
 
+def glu_halves(y: Tensor) -> tuple[Tensor, Tensor]:
+    """The gate and up halves, (..., I) each, of ``y`` (..., 2I) whose columns interleave gate and
+    up in blocks of GLU_BLOCK (the last pair of blocks shorter where GLU_BLOCK does not divide I):
+    the layout :func:`swiglu_weight` gives a weight's rows."""
+    inter = y.shape[-1] // 2
+    whole = inter // GLU_BLOCK * GLU_BLOCK
+    pairs = y[..., :2 * whole].unflatten(-1, (whole // GLU_BLOCK, 2, GLU_BLOCK))
+    gate = torch.cat((pairs[..., 0, :].flatten(-2), y[..., 2 * whole:whole + inter]), dim=-1)
+    up = torch.cat((pairs[..., 1, :].flatten(-2), y[..., whole + inter:]), dim=-1)
+    return gate, up
+
+
+def glu_interleave(gate: Tensor, up: Tensor) -> Tensor:
+    """The inverse of :func:`glu_halves`: gate and up (..., I) interleaved into (..., 2I)."""
+    inter = gate.shape[-1]
+    whole = inter // GLU_BLOCK * GLU_BLOCK
+    blocks = (whole // GLU_BLOCK, GLU_BLOCK)
+    pairs = torch.stack((gate[..., :whole].unflatten(-1, blocks), up[..., :whole].unflatten(-1, blocks)), dim=-2)
+    return torch.cat((pairs.flatten(-3), gate[..., whole:], up[..., whole:]), dim=-1)
+
+
+def swiglu_unfused(y: Tensor) -> Tensor:
+    """``silu(gate) * up`` of a gate_up GEMM result ``y`` (..., 2I) in the interleaved layout,
+    computed in fp32 (or ``y``'s wider type) and rounded once to ``y``'s type, as the fused
+    epilogue does."""
+    wide = torch.promote_types(y.dtype, torch.float32)
+    gate, up = glu_halves(y)
+    return (torch.nn.functional.silu(gate.to(wide)) * up.to(wide)).to(y.dtype)
+
+
+def swiglu_weight(w_gate: Tensor, w_up: Tensor | None = None) -> Tensor:
+    """The gate_up weight ``tilekiln.swiglu`` takes, (2I, K) with rows interleaving gate and up in
+    blocks of GLU_BLOCK, from ``w_gate`` and ``w_up`` (I, K) each, or from ``w_gate`` alone holding
+    ``[gate; up]`` (2I, K) stacked. A contiguous copy in the weights' dtype and device."""
+    if not isinstance(w_gate, Tensor) or (w_up is not None and not isinstance(w_up, Tensor)):
+        bad = "w_gate" if not isinstance(w_gate, Tensor) else "w_up"
+        raise TypeError(f"{bad}: expected a torch tensor, got {type(w_gate if bad == 'w_gate' else w_up).__name__}")
+    if w_up is None:
+        if w_gate.dim() != 2 or w_gate.shape[0] % 2:
+            raise ValueError(f"w_gate: without w_up, expected the stacked [gate; up] weight (2I, K), an even number "
+                             f"of rows, got shape {list(w_gate.shape)}")
+        inter = w_gate.shape[0] // 2
+        gate, up = w_gate[:inter], w_gate[inter:]
+    else:
+        gate, up = w_gate, w_up
+        if gate.dim() != 2 or up.shape != gate.shape:
+            raise ValueError(f"w_up: expected the shape of w_gate (I, K), got w_gate {list(gate.shape)} and w_up "
+                             f"{list(up.shape)}")
+        if up.dtype != gate.dtype or up.device != gate.device:
+            raise ValueError(f"w_up: {up.dtype} on {up.device}, while w_gate is {gate.dtype} on {gate.device}; "
+                             "pass both in one dtype on one device")
+    return glu_interleave(gate.t(), up.t()).t().contiguous()
+
+
+# What torch computes for a requested activation no kernel fuses: ACTIVATIONS and the gated one.
+EPILOGUE_ACTIVATIONS = {**ACTIVATIONS, "swiglu": swiglu_unfused}
+
 # Per requested spec field, how torch applies it to a GEMM's result (Plan.unfused), given the
-# call's bias tensor: in the spec's field order, the order the epilogue applies them.
-UNFUSED = {"bias": lambda value, y, bias: add_bias(y, bias),
-           "activation": lambda value, y, bias: ACTIVATIONS[value](y)}
+# call's bias and residual tensors: in the spec's field order, the order the epilogue applies them.
+UNFUSED = {"bias": lambda value, y, bias, residual: add_bias(y, bias),
+           "activation": lambda value, y, bias, residual: EPILOGUE_ACTIVATIONS[value](y),
+           "residual": lambda value, y, bias, residual: add_residual(y, residual)}
 
 
 def activation_token(activation) -> str:
     """``activation`` (None, a name or an Activation) as its token; ValueError naming the argument."""
     value = "none" if activation is None else getattr(activation, "value", activation)
+    if value == "swiglu":
+        raise ValueError("activation: 'swiglu' pairs gate and up columns into half as many; call "
+                         "tilekiln.swiglu(x, tilekiln.swiglu_weight(w_gate, w_up)) instead of linear")
     if value not in ACTIVATIONS:
         raise ValueError(f"activation: {activation!r} is not one of {', '.join(repr(a) for a in ACTIVATIONS)} "
                          "(or None)")
     return value
 
 
-def bias_token(bias: Tensor, x: Tensor, n: int) -> str:
+def bias_token(bias: Tensor, x: Tensor, n: int, dtype: torch.dtype | None = None, what: str = "x's") -> str:
     """The bias's element type as a kernel's ``bias`` field spells it, after checking it as every
-    ``linear`` call does: a contiguous (N,) vector on ``x``'s device, of ``x``'s type or float32.
-    TypeError or ValueError naming ``bias`` otherwise."""
+    ``linear`` (and ``scaled_gemm``) call does: a contiguous (N,) vector on ``x``'s device, of the
+    result's type (``dtype``, by default ``x``'s; ``what`` names it) or float32. TypeError or
+    ValueError naming ``bias`` otherwise."""
+    dtype = x.dtype if dtype is None else dtype
     if not isinstance(bias, Tensor):
         raise TypeError(f"bias: expected a torch tensor of shape ({n},) or None, got {type(bias).__name__}")
     if bias.dim() != 1 or bias.shape[0] != n:
         raise ValueError(f"bias: expected shape ({n},), one value per output feature (weight's N), got "
                          f"{list(bias.shape)}")
-    if bias.dtype != x.dtype and bias.dtype != torch.float32:
-        raise ValueError(f"bias: dtype {bias.dtype} is neither x's ({x.dtype}) nor torch.float32; convert it "
-                         f"with bias.to({x.dtype})")
+    if bias.dtype != dtype and bias.dtype != torch.float32:
+        raise ValueError(f"bias: dtype {bias.dtype} is neither {what} ({dtype}) nor torch.float32; convert it "
+                         f"with bias.to({dtype})")
     if bias.device != x.device:
         raise ValueError(f"bias: on {bias.device} while x is on {x.device}; move it with bias.to(x.device)")
     if n > 1 and bias.stride(0) != 1:
@@ -212,35 +322,46 @@ def gemm(bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, kernel: str |
 
 
 def scaled_gemm(bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_dtype, out: Tensor | None, stream,
-                kernel: str | None = None, scale_format: str = "tensor"):
-    """``scaled_gemm`` for torch tensors; not differentiable, like ``torch._scaled_mm``."""
-    scale_format = scale_format_token(scale_format)
+                kernel: str | None = None, scale_format: str | None = None, bias: Tensor | None = None):
+    """``scaled_gemm`` for torch tensors; not differentiable, like ``torch._scaled_mm``. ``scale_format``
+    None: per-tensor or row-wise, as the scales' shapes say (:func:`scale_format_of`)."""
+    scale_format = scale_format_of(scale_format, scale_a, scale_b)
     if _is_compiling():
         if stream is not None:
             raise TypeError("stream=: not supported while torch.compile traces; make the stream current "
                             "with torch.cuda.stream(...) instead")
         ref = bundle_ref(bundle)
         if out is None:
-            return scaled_gemm_op(a, b, scale_a, scale_b, out_dtype, ref, kernel or "", scale_format)
-        scaled_gemm_out_op(a, b, scale_a, scale_b, out, ref, kernel or "", scale_format)
+            return scaled_gemm_op(a, b, scale_a, scale_b, out_dtype, ref, kernel or "", scale_format, bias)
+        scaled_gemm_out_op(a, b, scale_a, scale_b, out, ref, kernel or "", scale_format, bias)
         return out
-    if _grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in (a, b, scale_a, scale_b)):
+    if _grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in (a, b, scale_a, scale_b, bias)):
         raise RuntimeError("scaled_gemm is not differentiable (as torch._scaled_mm is not); "
                            "detach its inputs or call it under torch.no_grad()")
     if not isinstance(bundle, Bundle):
         bundle = resolve(bundle_ref(bundle), a.get_device())
-    return run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream, kernel, _scaling(scale_format))
+    return run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream, kernel,
+                           _scaled_request(a, b, scale_format, out_dtype, out, bias), bias)
 
 
 _BLOCKWISE = ("scaling", "blockwise")
+_ROWWISE = ("scaling", "rowwise")
 
 
-def _scaling(scale_format: str) -> tuple[tuple[str, object], ...]:
-    """The requested fields of a scale format (the per-tensor default asks for nothing; a block-scaled
-    format, its block scale)."""
+def _scaled_request(a: Tensor, b: Tensor, scale_format: str, out_dtype, out: Tensor | None,
+                    bias: Tensor | None) -> tuple[tuple[str, object], ...]:
+    """The requested fields of a scaled call: its scale format (the per-tensor default asks for
+    nothing; a block-scaled format, its block scale), then its bias, checked against the result's type (out's, or out_dtype, bf16 by default)."""
+    if bias is None:
+        bias_type = "none"
+    else:
+        dtype = out.dtype if out is not None else torch.bfloat16 if out_dtype is None else out_dtype
+        n = b.shape[-1] if b.dim() >= 1 else 0
+        bias_type = bias_token(bias, a, n, dtype, "the result's")
     if scale_format in RUNTIME_BLOCK_FORMATS:
-        return block_request(scale_format)
-    return () if scale_format == "tensor" else (("scaling", scale_format),)
+        # A block-scaled format asks for its block scale; the scales' scaling stays the default.
+        return requested_epilogue(block_scale=dict(block_request(scale_format))["block_scale"], bias=bias_type)
+    return requested_epilogue(scaling=scale_format, bias=bias_type)
 
 
 def _check_block_kernels(bundle: Bundle, name: str) -> None:
@@ -277,11 +398,93 @@ def linear(bundle, x: Tensor, weight: Tensor, bias: Tensor | None, activation, r
     else:
         if not isinstance(bundle, Bundle):
             bundle = resolve(bundle_ref(bundle), x.get_device())
+        fused = fusable_residual(x, weight, residual, out)
+        if fused is not None:
+            target, rows_residual = fused
+            return _linear_result(run_gemm(bundle, rows, weight.t(), target, None, None,
+                                           requested_epilogue(bias=bias_type, activation=act, residual="add"),
+                                           bias, rows_residual), x, weight, out)
         y = run_gemm(bundle, rows, weight.t(), None, None, None, requested_epilogue(bias=bias_type, activation=act),
                      bias)
     y = y.reshape(*x.shape[:-1], weight.shape[0])
     if residual is not None:
         y = y + residual
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
+def fusable_residual(x: Tensor, weight: Tensor, residual: Tensor | None, out: Tensor | None
+                     ) -> tuple[Tensor | None, Tensor] | None:
+    """Where ``linear`` can hand its residual to the GEMM's epilogue: (the (M, N) view of ``out`` to
+    write, or None to allocate, and the (M, N) view of the residual); None where torch adds it
+    after. The kernel reads the residual at the result's strides, so it fuses a residual of the
+    result's shape, type and device whose strides are those of ``out`` (which may be the residual
+    itself), or, without ``out``, those of the result tilekiln allocates."""
+    n = weight.shape[0]
+    shape = (*x.shape[:-1], n)
+    if (residual is None or not isinstance(residual, Tensor) or tuple(residual.shape) != shape
+            or residual.dtype != x.dtype or residual.device != x.device):
+        return None
+    rows = residual.view(-1, n) if residual.is_contiguous() or residual.dim() == 2 else None
+    if rows is None:
+        return None
+    if out is None:
+        target = None
+        strides = result_strides((rows.shape[0], n), x.shape[-1], x.dtype.itemsize)
+    else:
+        if tuple(out.shape) != shape or out.dtype != x.dtype or not (out.is_contiguous() or out.dim() == 2):
+            return None
+        target = out.view(-1, n)
+        strides = target.stride()
+    if any(size > 1 and got != want for size, got, want in zip(rows.shape, rows.stride(), strides)):
+        return None
+    return target, rows
+
+
+def _linear_result(y: Tensor, x: Tensor, weight: Tensor, out: Tensor | None) -> Tensor:
+    """The fused GEMM's (M, N) result as ``linear`` returns it: ``out`` itself, or shaped as x's rows."""
+    return out if out is not None else y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+_SWIGLU = requested_epilogue(activation="swiglu")
+
+
+def swiglu(bundle, x: Tensor, w_gate_up: Tensor, out: Tensor | None):
+    """``silu(x @ gate.T) * (x @ up.T)``, (..., I), from ``w_gate_up`` (2I, K) in the interleaved layout
+    (:func:`swiglu_weight`): one GEMM whose epilogue writes the product where a kernel fuses it,
+    else the GEMM and the product in torch. Differentiable (the backward recomputes the GEMM)."""
+    if not isinstance(w_gate_up, Tensor):
+        raise TypeError(f"w_gate_up: expected a torch tensor, got {type(w_gate_up).__name__}")
+    if w_gate_up.dim() != 2 or x.dim() < 1 or x.shape[-1] != w_gate_up.shape[1] or w_gate_up.shape[0] % 2:
+        raise ValueError(f"w_gate_up: expected (2I, K) with K = x's last dimension and an even row count (gate and "
+                         f"up interleaved: tilekiln.swiglu_weight), got w_gate_up {list(w_gate_up.shape)} and x "
+                         f"{list(x.shape)}")
+    if w_gate_up.dtype != x.dtype:
+        raise TypeError(f"w_gate_up: dtype {w_gate_up.dtype} is not x's ({x.dtype}); convert one of them")
+    if w_gate_up.device != x.device:
+        raise ValueError(f"w_gate_up: on {w_gate_up.device} while x is on {x.device}; move it with "
+                         "w_gate_up.to(x.device)")
+    shape = (*x.shape[:-1], w_gate_up.shape[0] // 2)
+    if out is not None:
+        if not isinstance(out, Tensor):
+            raise TypeError(f"out: expected a torch tensor or None, got {type(out).__name__}")
+        if tuple(out.shape) != shape or out.dtype != x.dtype or out.device != x.device:
+            raise ValueError(f"out: expected shape {list(shape)}, dtype {x.dtype} on {x.device}, got "
+                             f"{list(out.shape)}, {out.dtype} on {out.device}")
+    _refuse_out_with_grad("swiglu", out, x, w_gate_up)
+    rows = x.reshape(-1, x.shape[-1])
+    if _is_compiling() or (_grad_enabled() and (x.requires_grad or w_gate_up.requires_grad)):
+        y = gemm_op(rows, w_gate_up.t(), bundle_ref(bundle), "", False, "swiglu")
+    else:
+        if not isinstance(bundle, Bundle):
+            bundle = resolve(bundle_ref(bundle), x.get_device())
+        y = run_gemm(bundle, rows, w_gate_up.t(), out if out is not None and out.dim() == 2 else None, None, None,
+                     _SWIGLU)
+    if y is out:
+        return out
+    y = y.reshape(shape)
     if out is None:
         return y
     out.copy_(y)
@@ -299,10 +502,13 @@ def _gemm_node(ref: str, a: Tensor, b: Tensor, out: Tensor | None, kernel: str):
 
 
 def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, kernel=None, requested=(),
-             bias: Tensor | None = None):
+             bias: Tensor | None = None, residual: Tensor | None = None):
     """``bundle.gemm`` for torch tensors, written out in one function. ``requested``: the epilogue
     the call asks for (GemmProblem.requested); what no kernel computes, torch applies after it.
     ``bias``: the (N,) vector a requested ``bias`` adds, checked by the caller (:func:`bias_token`).
+    ``residual``: the (M, N) tensor a requested ``residual`` adds, checked by the caller
+    (:func:`fusable_residual`: the result's type, and the strides of ``out``, or of the result this
+    call allocates, which the kernel reads it at).
 
     A cached call costs the signature key, one dictionary look-up, three or four
     pointer reads, the current stream, one 7-field pack into the thread's call
@@ -321,7 +527,11 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
         bundle.remember(key, plan)
     if plan.unfused:
         fused = tuple(r for r in requested if r not in plan.unfused)
-        return _apply_unfused(plan, run_gemm(bundle, a, b, None, stream, kernel, fused, bias), out, stream, bias)
+        if out is None and plan.problem.out_n != plan.problem.n:
+            # A gated result torch computes is allocated as a fused one would be (and as the fakes say).
+            out = _allocate(plan.problem.out_shape, plan.problem.k, a.dtype, a.device)
+        return _apply_unfused(plan, run_gemm(bundle, a, b, None, stream, kernel, fused, bias, residual), out, stream,
+                              bias, residual)
     if out is None:
         out = _allocate(plan.problem.out_shape, plan.problem.k, a.dtype, a.device)
     block = plan.block
@@ -340,19 +550,22 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
         handle = _stream_handle(stream, plan.problem.device)
     lib = bundle._lib
     buf = lib.call_buffer("gemm")
-    _pack_call(buf, 0, pa, pb, pc, 0, 0, 0 if bias is None else bias.data_ptr(), handle)
+    _pack_call(buf, 0, pa, pb, pc, 0, 0, 0 if bias is None else bias.data_ptr(),
+               0 if residual is None else residual.data_ptr(), handle)
     status = lib.run["gemm"](block, buf)
     if status:
         raise LaunchError(plan.kernel_id, lib.error_name(status), lib.error_string(status))
     return out
 
 
-def _apply_unfused(plan, result: Tensor, out: Tensor | None, stream, bias: Tensor | None = None) -> Tensor:
+def _apply_unfused(plan, result: Tensor, out: Tensor | None, stream, bias: Tensor | None = None,
+                   residual: Tensor | None = None) -> Tensor:
     """``result`` (what a kernel computed of the GEMM and its epilogue) with the rest of the requested
-    epilogue, which no kernel computes, applied by torch, into ``out`` if given."""
+    epilogue, which no kernel computes, applied by torch, into ``out`` if given (which may be the
+    residual: it is read before ``out`` is written)."""
     with _on_stream(stream, result.get_device()):
         for name, value in plan.unfused:
-            result = UNFUSED[name](value, result, bias)
+            result = UNFUSED[name](value, result, bias, residual)
         if out is None:
             return result
         out.copy_(result)
@@ -361,8 +574,11 @@ def _apply_unfused(plan, result: Tensor, out: Tensor | None, stream, bias: Tenso
 
 def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_dtype, out, stream, kernel,
                     requested=(), bias: Tensor | None = None):
+    """The scaled call, checked (the scales' and bias's shape, dtype, strides and device are part of
+    the cached plan's key, so a cached plan never serves a call its checks would refuse) and launched.
+    ``requested`` (:func:`_scaled_request`): the scale format, then the bias, whose type the caller checked."""
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
-    blockwise = _BLOCKWISE in requested
+    blockwise, rowwise = _BLOCKWISE in requested, _ROWWISE in requested
     block_format = requested_format(requested)
     key = ("scaled", a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.get_device(), b.get_device(),
            None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()), kernel, out_dtype,
@@ -375,13 +591,23 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
         a_op, b_op = describe(a, "a"), describe(b, "b")
         # Blockwise scales are strided tensors, whose strides go in the plan block.
         scale_strides = check_scales(a, b, scale_a, scale_b) if blockwise else ()
-        plan = bundle.plan(a_op, b_op, None if out is None else describe(out, "out"),
-                           kernel, torch_dtype_token(out_dtype), allow_split=True, requested=requested,
-                           scale_strides=scale_strides)
+        if rowwise:
+            check_rowwise_scales(a, b, scale_a, scale_b)
+        try:
+            plan = bundle.plan(a_op, b_op, None if out is None else describe(out, "out"),
+                               kernel, torch_dtype_token(out_dtype), allow_split=True, requested=requested,
+                               scale_strides=scale_strides)
+        except NoKernelError as exc:
+            if not rowwise:
+                raise
+            raise NoKernelError(f"scale_a, scale_b: row-wise scales ((M, 1) and (1, N)) need a kernel with "
+                                f"scaling rowwise, and bundle {bundle.name} has none for these operands; pass "
+                                f"one-element (per-tensor) scales, or build a rowwise kernel (docs/catalog.md)"
+                                f"\n{exc}") from None
         # The operands' own checks (device, dtype, shapes) came with the plan; then their scales'.
         if block_format is not None:
             check_block_scale_tensors(a, b, scale_a, scale_b, block_format)
-        elif not blockwise:
+        elif not (blockwise or rowwise):
             for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
                 _check_scale(name, scale, plan.problem.device)
         bundle.remember(key, plan)
@@ -400,7 +626,7 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
     pa, pb = scale_a.data_ptr(), scale_b.data_ptr()
     if block_format is not None:
         check_scale_pointers(scale_a, scale_b)
-    if blockwise and (pa | pb) & 3:
+    if (blockwise or rowwise) and (pa | pb) & 3:
         name = "scale_a" if pa & 3 else "scale_b"
         raise ValueError(f"{name}: data pointer is not 4-byte aligned (a float32 view at an odd byte offset); "
                          "pass a fresh float32 tensor")
@@ -450,7 +676,10 @@ def gemm_op(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool, acti
 @gemm_op.register_fake
 def _gemm_fake(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool, activation: str,
                bias: Tensor | None = None) -> Tensor:
-    return _fake_result(a, b, a.dtype)
+    shape, k = result_shape(tuple(a.shape), tuple(b.shape))
+    if activation == "swiglu":
+        shape = shape[:-1] + (shape[-1] // 2,)
+    return _allocate(shape, k, a.dtype, a.device)
 
 
 def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
@@ -464,10 +693,23 @@ def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
 
 def _gemm_setup(ctx, inputs, output) -> None:
     a, b, bundle, _, _, activation, bias = inputs
-    ctx.epilogue = activation != "none" or bias is not None
-    ctx.save_for_backward(a if ctx.needs_input_grad[1] else None, b if ctx.needs_input_grad[0] else None)
+    ctx.swiglu = activation == "swiglu" and bias is None
+    ctx.epilogue = (activation != "none" or bias is not None) and not ctx.swiglu
+    # SwiGLU's gradient needs the GEMM's result, which the backward recomputes from both inputs.
+    ctx.save_for_backward(a if ctx.needs_input_grad[1] or ctx.swiglu else None,
+                          b if ctx.needs_input_grad[0] or ctx.swiglu else None)
     ctx.shapes = (a.shape, b.shape)
     ctx.bundle = bundle
+
+
+def _swiglu_grad(pre: Tensor, grad: Tensor) -> Tensor:
+    """The gradient at the interleaved gate_up result ``pre`` of ``silu(gate) * up``, given the
+    output's ``grad``; in fp32 (or ``pre``'s wider type), returned in ``pre``'s type."""
+    wide = torch.promote_types(pre.dtype, torch.float32)
+    gate, up = (h.to(wide) for h in glu_halves(pre))
+    sig = torch.sigmoid(gate)
+    g = grad.to(wide)
+    return glu_interleave(g * up * sig * (1 + gate * (1 - sig)), g * gate * sig).to(pre.dtype)
 
 
 def _gemm_backward(ctx, grad: Tensor):
@@ -475,6 +717,8 @@ def _gemm_backward(ctx, grad: Tensor):
         raise RuntimeError("tilekiln::gemm with a bias or activation has no gradient; tilekiln.linear applies "
                            "them unfused, through torch, when an input requires grad")
     a, b = ctx.saved_tensors
+    if ctx.swiglu:
+        grad = _swiglu_grad(gemm_op(a, b, ctx.bundle, "", True, "none"), grad)
     a_shape, b_shape = ctx.shapes
     grad_a = grad_b = None
     if ctx.needs_input_grad[0]:
@@ -504,27 +748,38 @@ def _gemm_out_fake(a: Tensor, b: Tensor, out: Tensor, bundle: str, kernel: str) 
 
 @torch.library.custom_op("tilekiln::scaled_gemm", mutates_args=())
 def scaled_gemm_op(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out_dtype: torch.dtype | None,
-                   bundle: str, kernel: str, scale_format: str) -> Tensor:
+                   bundle: str, kernel: str, scale_format: str, bias: Tensor | None = None) -> Tensor:
     return run_scaled_gemm(resolve(bundle, a.get_device()), a, b, scale_a, scale_b, out_dtype, None, None,
-                           kernel or None, _scaling(scale_format))
+                           kernel or None, _scaled_request(a, b, scale_format, out_dtype, None, bias), bias)
+
+
+def _check_traced(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, scale_format: str, out_dtype, out,
+                  bias: Tensor | None) -> None:
+    """The checks of a scaled call that shapes, dtypes and devices decide, while torch.compile traces
+    it: a bad row-wise scale or bias fails the trace with the eager call's message."""
+    if scale_format == "rowwise":
+        check_rowwise_scales(a, b, scale_a, scale_b)
+    _scaled_request(a, b, scale_format, out_dtype, out, bias)
 
 
 @scaled_gemm_op.register_fake
 def _scaled_gemm_fake(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out_dtype: torch.dtype | None,
-                      bundle: str, kernel: str, scale_format: str) -> Tensor:
+                      bundle: str, kernel: str, scale_format: str, bias: Tensor | None = None) -> Tensor:
+    _check_traced(a, b, scale_a, scale_b, scale_format, out_dtype, None, bias)
     return _fake_result(a, b, torch.bfloat16 if out_dtype is None else out_dtype)
 
 
 @torch.library.custom_op("tilekiln::scaled_gemm_out", mutates_args=("out",))
 def scaled_gemm_out_op(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out: Tensor, bundle: str,
-                       kernel: str, scale_format: str) -> None:
+                       kernel: str, scale_format: str, bias: Tensor | None = None) -> None:
     run_scaled_gemm(resolve(bundle, a.get_device()), a, b, scale_a, scale_b, out.dtype, out, None,
-                    kernel or None, _scaling(scale_format))
+                    kernel or None, _scaled_request(a, b, scale_format, out.dtype, out, bias), bias)
 
 
 @scaled_gemm_out_op.register_fake
 def _scaled_gemm_out_fake(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out: Tensor, bundle: str,
-                          kernel: str, scale_format: str) -> None:
+                          kernel: str, scale_format: str, bias: Tensor | None = None) -> None:
+    _check_traced(a, b, scale_a, scale_b, scale_format, out.dtype, out, bias)
     return None
 
 

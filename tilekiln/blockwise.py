@@ -84,12 +84,12 @@ def dequantize(x_fp8: torch.Tensor, scales: torch.Tensor, block: tuple[int, int]
     return x_fp8.double() * full
 
 
-_FORMATS = ("tensor", "blockwise", *RUNTIME_BLOCK_FORMATS)
+_FORMATS = ("tensor", "rowwise", "blockwise", *RUNTIME_BLOCK_FORMATS)
 
 
 def scale_format_token(scale_format) -> str:
-    """``scale_format`` checked: ``"tensor"``, ``"blockwise"`` or a block-scaled format the runtime
-    takes (tilekiln/blockscaled.py); ValueError naming the argument."""
+    """``scale_format`` checked: ``"tensor"``, ``"rowwise"``, ``"blockwise"`` or a block-scaled format
+    the runtime takes (tilekiln/blockscaled.py); ValueError naming the argument."""
     if scale_format in BLOCK_SCALE_FORMATS and scale_format not in RUNTIME_BLOCK_FORMATS:
         raise ValueError(f"scale_format: {scale_format!r} takes packed fp4 operands, which scaled_gemm does not "
                          f"accept yet; it takes {', '.join(map(repr, _FORMATS))}")

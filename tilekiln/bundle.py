@@ -417,21 +417,30 @@ class Bundle:
                             f"{type(x).__name__} and {type(weight).__name__}")
         return torch_path().linear(self, x, weight, bias, activation, residual, out)
 
-    def scaled_gemm(self, a, b, scale_a, scale_b, *, out_dtype=None, out=None, stream=None,
-                    kernel: str | None = None, scale_format: str = "tensor"):
-        """``(a @ b) * scale_a * scale_b`` for fp8 inputs, like ``torch._scaled_mm``.
+    def swiglu(self, x, w_gate_up, *, out=None):
+        """``tilekiln.swiglu`` on this bundle's kernels."""
+        if not (is_torch_tensor(x) and is_torch_tensor(w_gate_up)):
+            raise TypeError("swiglu takes torch tensors (x and w_gate_up); the operands given are "
+                            f"{type(x).__name__} and {type(w_gate_up).__name__}")
+        return torch_path().swiglu(self, x, w_gate_up, out)
 
-        ``scale_format="tensor"``: ``scale_a``/``scale_b`` are one-element float32 tensors on the
-        inputs' device (per-tensor scales). ``"blockwise"``: per-block float32 scales in the layouts
-        of tilekiln/blockwise.py (``quantize_fp8_blockwise`` makes them). ``"mxfp8"``: e4m3 ``a``
-        (M, K) and ``b`` (K, N) K-major with e8m0 scales per 32 elements of K, each in the hardware
-        layout ``tilekiln.blockscaled.to_blocked`` makes (CC 10.x bundles). ``out_dtype`` defaults
-        to bfloat16.
+    def scaled_gemm(self, a, b, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, stream=None,
+                    kernel: str | None = None, scale_format: str | None = None):
+        """``(a @ b) * scale_a * scale_b + bias`` for fp8 inputs, like ``torch._scaled_mm``.
+
+        ``scale_format`` None reads the scales' shapes: one-element float32 tensors on the inputs'
+        device are per-tensor scales, (M, 1) and (1, N) float32 ones row-wise (``"tensor"``,
+        ``"rowwise"``). ``"blockwise"``: per-block float32 scales in the layouts of
+        tilekiln/blockwise.py (``quantize_fp8_blockwise`` makes them). ``"mxfp8"``: e4m3 ``a`` (M, K)
+        and ``b`` (K, N) K-major with e8m0 scales per 32 elements of K, each in the hardware layout
+        ``tilekiln.blockscaled.to_blocked`` makes (CC 10.x bundles). ``bias``: None or an (N,)
+        vector of the result's type or float32. ``out_dtype`` defaults to bfloat16.
         """
         if not (is_torch_tensor(a) and is_torch_tensor(b)):
             raise TypeError("scaled_gemm takes torch tensors (a and b); the operands given are "
                             f"{type(a).__name__} and {type(b).__name__}")
-        return torch_path().scaled_gemm(self, a, b, scale_a, scale_b, out_dtype, out, stream, kernel, scale_format)
+        return torch_path().scaled_gemm(self, a, b, scale_a, scale_b, out_dtype, out, stream, kernel, scale_format,
+                                        bias)
 
     def grouped_gemm(self, a, b, offs, *, scale_a=None, scale_b=None, out=None, stream=None,
                      kernel: str | None = None):
@@ -450,14 +459,15 @@ class Bundle:
         return torch_path().grouped_gemm(self, a, b, masked_m, scale_a, scale_b, out, stream, kernel, masked=True)
 
     def launch(self, plan: Plan, pa: int, pb: int, pc: int, stream: int, scale_a: int = 0,
-               scale_b: int = 0, bias: int = 0) -> None:
+               scale_b: int = 0, bias: int = 0, residual: int = 0) -> None:
         """Launch a plan made by :meth:`plan` (which loaded its kernel on its device); ``bias``: the
-        address of the (N,) bias vector, read only by a kernel that adds one."""
+        address of the (N,) bias vector, read only by a kernel that adds one; ``residual``: the
+        address of an (M, N) residual at C's strides, read only by a kernel that adds one."""
         if (pa | pb | pc) & plan.align_mask:
             raise_misaligned(pa, pb, pc, plan.align_mask + 1)
         lib = self._lib
         buf = lib.call_buffer(plan.family)
-        _native.CALL[plan.family].pack_into(buf, 0, pa, pb, pc, scale_a, scale_b, bias, stream)
+        _native.CALL[plan.family].pack_into(buf, 0, pa, pb, pc, scale_a, scale_b, bias, residual, stream)
         status = lib.run[plan.family](plan.block, buf)
         if status:
             raise LaunchError(plan.kernel_id, lib.error_name(status), lib.error_string(status))

@@ -34,7 +34,9 @@ SUPPORTED_SCHEMA_MAJOR = 2
 # 5: one tk_run_<family> per kernel family, its blocks derived from tilekiln/spec.py.
 # 6: the plan block holds each scale's strides (blockwise scales are strided tensors).
 # 7: the gemm family's bias vector (call block and launcher argument after the scales).
-ABI_VERSION = 7
+# 8: the gemm family's residual (call block and launcher argument after the bias), and row-wise
+#    scales passed as {data, extent} vectors.
+ABI_VERSION = 8
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from tilekiln._tensors import Operand
-from tilekiln.spec import SCALED_INPUTS, itemsize, requested_fields
+from tilekiln.spec import SCALED_INPUTS, Activation, itemsize, requested_fields
 
 
 @dataclass(frozen=True)
@@ -58,9 +58,14 @@ class GemmProblem:
         return f"{self.a_dtype}/{self.b_dtype}->{self.out_dtype}"
 
     @property
+    def out_n(self) -> int:
+        """The result's columns: N, or N/2 for a gated (swiglu) epilogue, which pairs two."""
+        return self.out_shape[-1]
+
+    @property
     def alloc_shape(self) -> tuple[int, ...]:
         """Shape of the buffer to allocate for the result (rows padded to ``c.lead``)."""
-        return self.out_shape[:-1] + (max(self.c.lead, self.n),)
+        return self.out_shape[:-1] + (max(self.c.lead, self.out_n),)
 
     @property
     def empty(self) -> bool:
@@ -81,6 +86,21 @@ class GemmProblem:
     def exceeds(self, tile_m: int, tile_n: int) -> str | None:
         """Why a kernel of this tile cannot index the problem beyond its extents, or None."""
         return None
+
+
+def gated(requested: tuple[tuple[str, object], ...]) -> bool:
+    """Whether ``requested`` asks for a gated activation (swiglu), whose result has N/2 columns."""
+    return any(name == "activation" and Activation(value).gated for name, value in requested)
+
+
+def ungated(problem: GemmProblem) -> GemmProblem:
+    """The plain GEMM a gated ``problem`` runs when no kernel fuses its activation: all N columns,
+    into a result tilekiln allocates (torch then pairs them into the caller's)."""
+    if problem.out_n == problem.n:
+        return problem
+    lead = padded_lead(problem.n, itemsize(problem.out_dtype))
+    return dataclasses.replace(problem, out_shape=problem.out_shape[:-1] + (problem.n,),
+                               c=Layout2("n", lead, problem.m * lead))
 
 
 def requested_epilogue(**asked: object) -> tuple[tuple[str, object], ...]:
@@ -163,12 +183,19 @@ def result_shape(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[tu
 def make_problem(a: Operand, b: Operand, out: Operand | None, out_dtype: str | None = None,
                  requested: tuple[tuple[str, object], ...] = ()) -> GemmProblem:
     """``out_dtype`` None: torch.matmul (same dtype in and out); else a scaled fp8 GEMM.
-    ``requested``: the epilogue the call asks for (GemmProblem.requested)."""
-    return dataclasses.replace(_make_problem(a, b, out, out_dtype), requested=requested)
+    ``requested``: the epilogue the call asks for (GemmProblem.requested); a gated activation
+    halves the result's columns (N must be even)."""
+    return dataclasses.replace(_make_problem(a, b, out, out_dtype, gated(requested)), requested=requested)
 
 
-def _make_problem(a: Operand, b: Operand, out: Operand | None, out_dtype: str | None) -> GemmProblem:
+def _make_problem(a: Operand, b: Operand, out: Operand | None, out_dtype: str | None,
+                  halve: bool = False) -> GemmProblem:
     out_shape, k = result_shape(a.shape, b.shape)
+    if halve:
+        if out_shape[-1] % 2:
+            raise ValueError(f"b: {out_shape[-1]} columns, an odd count; a gated (swiglu) GEMM pairs a gate and an "
+                             "up column into each output column, so N = 2 x I")
+        out_shape = out_shape[:-1] + (out_shape[-1] // 2,)
     if out_dtype is None:
         if a.dtype != b.dtype:
             raise TypeError(f"a and b must have the same dtype, got a {a.dtype} and b {b.dtype}")
@@ -183,7 +210,8 @@ def _make_problem(a: Operand, b: Operand, out: Operand | None, out_dtype: str | 
         raise ValueError(f"{which}: tensor is in host memory; tilekiln runs on CUDA devices, move it with .cuda()")
     if a.device != b.device:
         raise ValueError(f"a is on cuda:{a.device} but b is on cuda:{b.device}; both must be on the same device")
-    m, n = out_shape[-2], out_shape[-1]
+    m, n = out_shape[-2], b.shape[-1]
+    out_n = out_shape[-1]
     la = a.shape[0] if len(a.shape) == 3 else None
     lb = b.shape[0] if len(b.shape) == 3 else None
     batch = out_shape[0] if len(out_shape) == 3 else 1
@@ -203,7 +231,7 @@ def _make_problem(a: Operand, b: Operand, out: Operand | None, out_dtype: str | 
     if out is None:
         # Rows of a result we allocate start on 16-byte boundaries (TMA); when N
         # is not a multiple of that, the result is a view of a padded buffer.
-        lead = padded_lead(n, itemsize(out_dtype))
+        lead = padded_lead(out_n, itemsize(out_dtype))
         lc_op = Layout2("n", lead, m * lead)
     else:
         lc_op = _check_out(out, a, out_shape, out_dtype)

@@ -27,8 +27,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from tilekiln.problem import GemmProblem
-from tilekiln.spec import KernelRecord, requested_fields
+from tilekiln.problem import GemmProblem, gated, ungated
+from tilekiln.spec import GLU_BLOCK, KernelRecord, requested_fields
 from tilekiln.splitk import PARTIAL_DTYPE, SPLIT_OVERHEAD, label, sliced
 
 # The model's reuse term: tile intensity m*n/(m+n) over itself plus this
@@ -114,6 +114,9 @@ def check_kernel(kernel: KernelRecord, problem: GemmProblem) -> str | None:
         want, have = asked.get(f.name, spec.codec.request(f.default)), spec.codec.request(getattr(cfg, f.name))
         if want != have:
             return f"{f.name}: kernel computes {have}, the call asks for {want}"
+    if cfg.activation.gated and problem.n % (2 * GLU_BLOCK):
+        return (f"swiglu: I = N/2 = {problem.n // 2} is not a multiple of the kernel's {GLU_BLOCK}-row gate and up "
+                "blocks (its tiles pair whole blocks)")
     a_major, b_major, _ = cfg.layout.majors
     if a_major != problem.a.major:
         return f"layout: kernel wants A {a_major}-major, a is {problem.a.major}-major"
@@ -197,12 +200,17 @@ def choose_fused(choose_for: Callable[[GemmProblem], Choice], problem: GemmProbl
     epilogue applies in the spec's order (bias, then activation), so a kernel that computes the
     leading ones leaves a correct intermediate for torch to finish: the choice is for the longest
     leading part some kernel accepts (down to none), and the rest is left to the caller (applied by
-    torch after the kernel) rather than dropped."""
+    torch after the kernel) rather than dropped. Where what is left is gated (swiglu), the kernel
+    runs the ungated GEMM, whose N columns torch then pairs."""
     after = {f.name for f, s in requested_fields() if s.applied_after}
     kept = tuple((name, value) for name, value in problem.requested if name not in after)
     epilogue = tuple((name, value) for name, value in problem.requested if name in after)
+    def part(keep: int) -> GemmProblem:
+        fused = replace(problem, requested=kept + epilogue[:keep])
+        return ungated(fused) if gated(epilogue[keep:]) else fused
+
     for keep in range(len(epilogue), 0, -1):
-        choice = choose_for(replace(problem, requested=kept + epilogue[:keep]))
+        choice = choose_for(part(keep))
         if choice.kernel is not None:
             return choice, epilogue[keep:]
-    return choose_for(replace(problem, requested=kept)), epilogue
+    return choose_for(part(0)), epilogue

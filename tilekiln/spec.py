@@ -105,23 +105,40 @@ class Raster(str, enum.Enum):
 
 class Activation(str, enum.Enum):
     """The elementwise function the epilogue applies to the scaled fp32 accumulator before it rounds
-    it to the output type. gelutanh is GELU's tanh approximation, geluerf the exact (erf) form."""
+    it to the output type. gelutanh is GELU's tanh approximation, geluerf the exact (erf) form.
+    swiglu is gated: B's rows interleave gate and up in blocks of :data:`GLU_BLOCK`, and the kernel
+    writes ``silu(gate) * up``, N/2 columns (docs/runtime.md, the SwiGLU weight layout)."""
 
     NONE = "none"
     RELU = "relu"
     SILU = "silu"
     GELU_TANH = "gelutanh"
     GELU_ERF = "geluerf"
+    SWIGLU = "swiglu"
+
+    @property
+    def gated(self) -> bool:
+        """It pairs two of the GEMM's columns into one output column: C has N/2 columns."""
+        return self is Activation.SWIGLU
+
+
+# Rows of a gated (swiglu) weight per gate or up block: rows [gate 0, up 0, gate 1, up 1, ...]
+# of GLU_BLOCK each, so output column j of block b pairs GEMM columns 2*b*GLU_BLOCK + j (gate) and
+# (2*b + 1)*GLU_BLOCK + j (up). A kernel fuses it when I (N/2) is a multiple of it.
+GLU_BLOCK = 64
 
 
 class Scaling(str, enum.Enum):
     """How an 8-bit float GEMM's scales apply. tensor: one float32 factor per operand, applied to
     the accumulator in the epilogue (torch._scaled_mm's per-tensor mode). blockwise: a float32
     factor per row of A and 128 elements of K, and per 128x128 block of B (the DeepSeek-V3 recipe);
-    each 128-wide K block's partial sum is scaled and added into an fp32 accumulator in registers."""
+    each 128-wide K block's partial sum is scaled and added into an fp32 accumulator in registers.
+    rowwise: a float32 factor per row of A (scale_a (M, 1)) and per column of B (scale_b (1, N)),
+    both applied to the fp32 accumulator in the epilogue (torch._scaled_mm's row-wise mode)."""
 
     TENSOR = "tensor"
     BLOCKWISE = "blockwise"
+    ROWWISE = "rowwise"
 
 
 # Elements of K (and of B's N) one blockwise scale covers; the tile K of a blockwise kernel.
@@ -141,6 +158,15 @@ class Bias(str, enum.Enum):
     def dtype(self) -> DType | None:
         """The bias vector's element type; None for none."""
         return None if self is Bias.NONE else DType(self.value)
+
+
+class Residual(str, enum.Enum):
+    """Whether the epilogue adds a residual C (M, N) of the output's type to its result, after the
+    activation: ``out = act(acc * scales + bias) + C`` (the down projection of an MLP block added to
+    its input). none: the kernel never reads the argument."""
+
+    NONE = "none"
+    ADD = "add"
 
 
 class Operand(str, enum.Enum):
@@ -549,6 +575,11 @@ class KernelConfig:
     activation: Activation = _field(EnumCodec(Activation), "the epilogue's elementwise function of the accumulator",
                                     Activation.NONE, selection=True, support=("activations", "values"),
                                     requested=True)
+    # Added after the activation: act(acc * scale + bias) + residual, as F.linear, the activation,
+    # then the residual add of a transformer block.
+    residual: Residual = _field(EnumCodec(Residual, "res"), "whether the epilogue adds a residual of C's shape "
+                                "and type after the activation", Residual.NONE, selection=True,
+                                support=("residuals", "values"), requested=True)
     raster: Raster = _field(EnumCodec(Raster, "r"), "order of the persistent tile walk", Raster.M)
     swizzle: int = _field(CountCodec("sw"), "tiles per band in the raster walk (L2 reuse)", 1)
     # Data read once (the weights of a skinny GEMM) gives way first, so the operand every CTA
@@ -709,11 +740,14 @@ class ScaleArg:
     """An operand's float32 scales in device memory. Per-tensor (Scaling.TENSOR): one element, its
     pointer in the call block. Blockwise: a strided matrix batch of per-block factors whose
     extents ``blocks`` name the problem's extents or :data:`BLOCK_EXTENTS`; dimension ``unit`` (0
-    or 1) is the contiguous one, and the other two strides (elements) go in the plan block."""
+    or 1) is the contiguous one, and the other two strides (elements) go in the plan block.
+    Row-wise: a contiguous vector of one factor per index of the problem extent ``per`` (scale_a
+    per row of A, scale_b per column of B), its length the plan's extent."""
 
     name: str
     blocks: tuple[str, str, str]
     unit: int
+    per: str
 
 
 # Extents counted in blockwise scale blocks: the problem extent each divides, rounded up.
@@ -742,10 +776,21 @@ class VectorArg:
 
 
 @dataclass(frozen=True)
+class LikeArg:
+    """A matrix batch with the extents and strides of the family's tensor ``like`` (a residual of
+    C's shape): its data pointer goes in the call block, and the glue builds its descriptor from
+    ``like``'s plan strides, so the runtime passes only one whose strides equal those. Its element
+    type is ``like``'s; a kernel that does not use it never reads it."""
+
+    name: str
+    like: str
+
+
+@dataclass(frozen=True)
 class Family:
-    """A kernel family's launch: ``tensors``, then ``indices``, then ``scales``, then ``vectors``, then the resident
-    cluster count (an int32 the runtime computes per device) and the stream, in that order. A
-    kernel's ``scaling`` decides how its scales are passed (:class:`ScaleArg`)."""
+    """A kernel family's launch: ``tensors``, then ``indices``, then ``scales``, then ``vectors``, then
+    ``likes``, then the resident cluster count (an int32 the runtime computes per device) and the
+    stream, in that order. A kernel's ``scaling`` decides how its scales are passed (:class:`ScaleArg`)."""
 
     name: str
     extents: tuple[str, ...]  # the problem extents, int32 each in the plan block
@@ -753,12 +798,13 @@ class Family:
     scales: tuple[ScaleArg, ...]
     indices: tuple[IndexArg, ...] = ()
     vectors: tuple[VectorArg, ...] = ()
+    likes: tuple[LikeArg, ...] = ()
 
     @property
     def arguments(self) -> tuple[str, ...]:
         """The names of the exported launcher's arguments, in order."""
         return (*(t.name for t in self.tensors), *(i.name for i in self.indices), *(s.name for s in self.scales),
-                *(v.name for v in self.vectors),
+                *(v.name for v in self.vectors), *(x.name for x in self.likes),
                 "resident_clusters", "stream")
 
     @property
@@ -771,9 +817,10 @@ class Family:
 
     @property
     def call_format(self) -> str:
-        """struct format of the call block (tk_call_<family>_t): tensor, index, scale and vector pointers,
-        then the stream."""
-        return "<" + "Q" * (len(self.tensors) + len(self.indices) + len(self.scales) + len(self.vectors) + 1)
+        """struct format of the call block (tk_call_<family>_t): tensor, index, scale, vector and like
+        pointers, then the stream."""
+        return "<" + "Q" * (len(self.tensors) + len(self.indices) + len(self.scales) + len(self.vectors)
+                            + len(self.likes) + 1)
 
 
 MAX_EXTENT = 2**31 - 1  # the plan block's extents are int32 (Family.plan_format)
@@ -792,7 +839,7 @@ def plain_int(value: Any, what: str, low: int = 0, high: int = MAX_EXTENT) -> in
 
 # A grouped kernel's scales are per tensor (the BLOCKWISE rule keeps blockwise scaling to "gemm"); the
 # block extents only lay out the plan block, whose scale strides stay zero.
-GROUPED_SCALES = (ScaleArg("scale_a", ("m", "kb", "g"), 0), ScaleArg("scale_b", ("nb", "kb", "g"), 1))
+GROUPED_SCALES = (ScaleArg("scale_a", ("m", "kb", "g"), 0, "m"), ScaleArg("scale_b", ("nb", "kb", "g"), 1, "n"))
 
 FAMILIES: dict[str, Family] = {
     "gemm": Family(
@@ -801,8 +848,11 @@ FAMILIES: dict[str, Family] = {
                  TensorArg("c", ("m", "n", "l"))),
         # Blockwise: scale_a (M, K/128) M-major, one per row and 128 K; scale_b (ceil(N/128), K/128)
         # K-contiguous, one per 128x128 block of B (docs/runtime.md).
-        scales=(ScaleArg("scale_a", ("m", "kb", "l"), 0), ScaleArg("scale_b", ("nb", "kb", "l"), 1)),
+        # Row-wise: scale_a (M, 1) and scale_b (1, N), contiguous, as torch._scaled_mm takes them.
+        scales=(ScaleArg("scale_a", ("m", "kb", "l"), 0, "m"), ScaleArg("scale_b", ("nb", "kb", "l"), 1, "n")),
         vectors=(VectorArg("bias", "n"),),
+        # A residual of C's extents, read at C's strides (the runtime fuses one that has them).
+        likes=(LikeArg("residual", "c"),),
     ),
     # G GEMMs sharing N and K (a mixture-of-experts layer): A's rows are sorted by group and
     # offs[g] is the end of group g's rows (torch._grouped_mm's contiguous layout); B holds one

@@ -9,9 +9,13 @@ system and recorded. Outputs are poisoned with NaN first, so an element the
 kernel leaves unwritten fails. The fp32-result kernels run as split-K (bf16)
 and, for fp8, straight into a float32 result. Blockwise-scaled kernels run
 on inputs quantized by ``quantize_fp8_blockwise`` (K rounded up to a multiple
-of 128), against the product of the dequantized inputs; block-scaled (mxfp8) kernels likewise on
-inputs quantized by ``tilekiln.blockscaled.quantize`` (K rounded up to whole scale-factor
-atoms), their scales passed in the blocked layout. A kernel passes when every
+of 128), against the product of the dequantized inputs; row-wise-scaled ones on
+fresh (M, 1) and (1, N) scales; residual kernels on a fresh residual, once into
+a separate output and once in place (the output is the residual). SwiGLU kernels run with N
+rounded up to whole gate/up block pairs (I then not a multiple of their tiles' half), writing N/2
+columns, against the float64 product paired by torch. Block-scaled (mxfp8) kernels run on inputs
+quantized by ``tilekiln.blockscaled.quantize`` (K rounded up to whole scale-factor atoms), their
+scales passed in the blocked layout, against the product of the dequantized inputs. A kernel passes when every
 relative error ||out - ref|| / ||ref|| is under :data:`TOLERANCE` and no
 output is NaN.
 
@@ -37,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tilekiln._files import write_atomic
-from tilekiln.spec import BLOCK_SCALE_FORMATS, BLOCKWISE_BLOCK, KernelRecord, Scaling, requested_fields
+from tilekiln.spec import BLOCK_SCALE_FORMATS, BLOCKWISE_BLOCK, GLU_BLOCK, KernelRecord, Scaling, requested_fields
 
 RECORD_SCHEMA = 1
 # bf16/fp16 rounding of the output alone is about 2e-3 relative; fp8 kernels are
@@ -114,25 +118,26 @@ def _poisoned(torch, shape, dtype):
 
 def _runs(torch, bundle, kernel: KernelRecord, gen):
     """(description, output, float64 reference) for each run of ``kernel``. A kernel that computes a
-    requested epilogue (a bias, an activation) is called asking for it, with a fresh random bias per
-    shape, and its reference applies it. Such a kernel with an fp32 result writes it directly: an
-    epilogue never runs on split-K partials."""
+    requested epilogue (a bias, an activation, a residual) is called asking for it, with a fresh
+    random bias and residual per shape, and its reference applies it. Such a kernel with an fp32
+    result writes it directly: an epilogue never runs on split-K partials."""
     from tilekiln import _torch
 
     cfg = kernel.config
     requested = tuple((f.name, spec.codec.request(getattr(cfg, f.name))) for f, spec in requested_fields()
                       if getattr(cfg, f.name) != f.default)
     bias_dtype = None if cfg.bias.dtype is None else getattr(torch, HALF.get(cfg.bias.value, "float32"))
-    bias = None
+    bias = residual = None
 
     def epilogue(ref):
         for name, value in requested:
-            if name in _torch.UNFUSED:  # a bias or an activation; scaling is in the reference's inputs
-                ref = _torch.UNFUSED[name](value, ref, None if bias is None else bias.double())
+            if name in _torch.UNFUSED:  # a bias, an activation, a residual; scaling is in the reference's inputs
+                ref = _torch.UNFUSED[name](value, ref, None if bias is None else bias.double(),
+                                           None if residual is None else residual.double())
         return ref
 
     def gemm(a, b, out=None, pin=kernel.id):
-        return _torch.run_gemm(bundle, a, b, out, None, pin, requested, bias)
+        return _torch.run_gemm(bundle, a, b, out, None, pin, requested, bias, residual)
 
     def scaled(a, b, out=None, pin=kernel.id, out_dtype=None, scales=None):
         sa, sb = scales or (scale_a, scale_b)
@@ -160,10 +165,14 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
             else:
                 yield f"{pin} {m}x{n}x{k}", gemm(a, b, pin=pin), epilogue(a.double() @ b.double())
         return
-    blockwise = cfg.scaling is Scaling.BLOCKWISE
+    blockwise, rowwise = cfg.scaling is Scaling.BLOCKWISE, cfg.scaling is Scaling.ROWWISE
+    pair = 2 * GLU_BLOCK if cfg.activation.gated else 1
     block_format = next((name for name, f in BLOCK_SCALE_FORMATS.items()
                          if (f.data, f.scale) == (cfg.dtypes.a, cfg.block_scale)), None)
     for batch, m, n, k in SHAPES:
+        # A gated kernel pairs whole gate and up blocks; its result has half the columns.
+        n = -(-n // pair) * pair
+        out_n = n // 2 if cfg.activation.gated else n
         if fp8 and batch != 1:
             continue  # scaled GEMMs are 2-D, as torch._scaled_mm's
         if blockwise:
@@ -172,7 +181,7 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
             k, rows, blocks = -(-k // BLOCKWISE_BLOCK) * BLOCKWISE_BLOCK, (1, BLOCKWISE_BLOCK), (BLOCKWISE_BLOCK,) * 2
             a8, sa = quantize_fp8_blockwise(torch.randn(m, k, device="cuda", generator=gen), rows)
             w8, sb = quantize_fp8_blockwise(torch.randn(n, k, device="cuda", generator=gen), blocks)
-            out = _poisoned(torch, (m, n), torch.bfloat16)
+            out = _poisoned(torch, (m, out_n), torch.bfloat16)
             scaled(a8, w8.t(), out, scales=(sa, sb))
             ref = dequantize(a8, sa, rows) @ dequantize(w8, sb, blocks).t()
             yield f"{kernel.id} {m}x{n}x{k}", out, epilogue(ref)
@@ -193,14 +202,28 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
         if bias_dtype is not None:
             bias = torch.randn(n, device="cuda", generator=gen).to(bias_dtype)
         what = f"{kernel.id} {batch}x{m}x{n}x{k}"
-        if fp8:
+        if fp8 and rowwise:
+            sa = torch.rand(m, 1, device="cuda", generator=gen) + 0.5
+            sb = torch.rand(1, n, device="cuda", generator=gen) + 0.5
             out = _poisoned(torch, (m, n), out_dtype)
+            scaled(a[0], b[0], out, out_dtype=out_dtype, scales=(sa, sb))
+            yield what, out, epilogue((a[0].double() @ b[0].double()) * sa.double() * sb.double())
+        elif fp8:
+            out = _poisoned(torch, (m, out_n), out_dtype)
             scaled(a[0], b[0], out, out_dtype=out_dtype)
             yield what, out, epilogue((a[0].double() @ b[0].double()) * (SCALES[0] * SCALES[1]))
         else:
-            out = _poisoned(torch, (batch, m, n), out_dtype)
+            out = _poisoned(torch, (batch, m, out_n), out_dtype)
+            if cfg.residual.value != "none":
+                # The residual has the output's strides, as the kernel reads it at C's.
+                residual = _poisoned(torch, (batch, m, n), out_dtype)
+                residual.copy_(torch.randn(batch, m, n, device="cuda", generator=gen))
             gemm(a, b, out)
             yield what, out, epilogue(a.double() @ b.double())
+            if residual is not None:
+                ref = epilogue(a.double() @ b.double())
+                gemm(a, b, residual)  # in place: each element is read before it is written
+                yield f"{what} in place", residual, ref
 
 
 def _grouped_runs(torch, bundle, kernel: KernelRecord, gen, dtype, out_dtype, scales):

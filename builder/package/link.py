@@ -65,13 +65,17 @@ class LinkError(RuntimeError):
     pass
 
 
+# The glue's TK_SCALING_* values (templates/link/glue.c.j2).
+_GLUE_SCALING = {Scaling.TENSOR: 0, Scaling.BLOCKWISE: 1, Scaling.ROWWISE: 2}
+
+
 def render_glue(bundle: str, kernels: list[LinkInput]) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(LINK_DIR)), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
     families = sorted({k.family for k in kernels})
     rows = [{"id": k.kernel_id, "family": families.index(k.family), "init": k.entry.init,
              "load": k.entry.load_to_device, "launch": k.entry.launch,
-             "blockwise": int(k.scaling is Scaling.BLOCKWISE)} for k in kernels]
+             "scaling": _GLUE_SCALING[k.scaling]} for k in kernels]
     return env.get_template("glue.c.j2").render(bundle=bundle, abi_version=ABI_VERSION, kernels=rows,
                                                 families=[FAMILIES[f] for f in families],
                                                 block_extents=BLOCK_EXTENTS, block=BLOCKWISE_BLOCK)

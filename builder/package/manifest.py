@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 # 2.0: each kernel record is tilekiln/spec.py's KernelRecord (its config under
 # `config`, every field of the spec), written and read through one definition.
 # 2.2: `config.bias` (absent: none).
-MANIFEST_SCHEMA_VERSION = "2.2"
+# 2.3: `config.residual` (absent: none) and `config.scaling` rowwise.
+MANIFEST_SCHEMA_VERSION = "2.3"
 
 
 def runtime_requirement(runtime_version: str) -> str:

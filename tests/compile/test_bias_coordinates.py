@@ -1,4 +1,5 @@
-"""The coordinates the sm90 epilogue reads the bias at are those of the values it stores.
+"""The coordinates the sm90 epilogue reads the bias (and row-wise scales and residual) at are those
+of the values it stores.
 
 A bias kernel takes the sub-tile coordinate of fragment value v from the r2s copy's source
 partition of an identity tensor (templates/sm90_gemm.py.j2), and adds bias[tile origin +
@@ -25,12 +26,20 @@ pytestmark = pytest.mark.compile
 # template and its plan (builder/check/derive/sm90.py: epi_m = min(tile M, 64 x warpgroups),
 # epi_n = min(tile N, 32)) make them for the catalog's bias kernels: swapped 64x16, ping-pong
 # 64x128 and 128x128 (one warpgroup per tile), cooperative 128x256 (two); and an f32 result.
+# The row-wise and residual kernels read their row scales and residual rows at the same
+# coordinate's row: their further tiles, swapped 64x32, ping-pong 64x256, cooperative 128x192,
+# 128x224 and 64x64 (one warpgroup).
 CASES = (
     ("col", "bf16", 64, 16, 1, 64, 16),
     ("row", "bf16", 64, 128, 1, 64, 32),
     ("row", "bf16", 128, 128, 1, 64, 32),
     ("row", "bf16", 128, 256, 2, 128, 32),
     ("row", "f32", 128, 128, 2, 128, 32),
+    ("col", "bf16", 64, 32, 1, 64, 32),
+    ("row", "bf16", 64, 256, 1, 64, 32),
+    ("row", "bf16", 128, 192, 2, 128, 32),
+    ("row", "bf16", 128, 224, 2, 128, 32),
+    ("row", "bf16", 64, 64, 1, 64, 32),
 )
 
 SCRIPT = r"""

@@ -145,7 +145,7 @@ def operand(name: str, rows: int, cols: int, batch: int, dtype: str, ptr: int, r
     return Operand(name, shape, strides, dtype, ptr, 0, None)
 
 
-def run_kernel(recorded: Recorded, kernel_id: str) -> tuple[list[dict], list[tuple[Launch, Launch]]]:
+def run_kernel(recorded: Recorded, kernel_id: str, problems=PROBLEMS) -> tuple[list[dict], list[tuple[Launch, Launch]]]:
     """Plan and launch ``kernel_id`` on every problem: (every event, (expected, recorded) launches)."""
     ctx = recorded.records[kernel_id].ctx
     cfg = ctx.entry.config
@@ -154,16 +154,18 @@ def run_kernel(recorded: Recorded, kernel_id: str) -> tuple[list[dict], list[tup
     requested = tuple((f.name, spec.codec.request(getattr(cfg, f.name))) for f, spec in requested_fields()
                       if getattr(cfg, f.name) != f.default)
     pairs = []
-    for m, n, k, batch in PROBLEMS:
+    for m, n, k, batch in problems:
         d = cfg.dtypes
         a = operand("a", m, k, batch, d.a.value, 0x7F0000000000, cfg.layout.a_k_major)
         b = operand("b", k, n, batch, d.b.value, 0x7F1000000000, not cfg.layout.b_k_major)
-        c = operand("out", m, n, batch, d.c.value, 0x7F2000000000, True)
+        # A gated (swiglu) kernel's result pairs B's N columns into N/2.
+        c = operand("out", m, n // 2 if cfg.activation.gated else n, batch, d.c.value, 0x7F2000000000, True)
         plan = recorded.bundle.plan(a, b, c, kernel=kernel_id,
                                     out_dtype=d.c.value if d.scaled else None, requested=requested)
         resident = recorded.bundle.resident_clusters(recorded.bundle.kernels[plan_index(recorded, kernel_id)], 0)
         before = len(recorded.events())
-        recorded.bundle.launch(plan, a.ptr, b.ptr, c.ptr, 0, 0x7F3000000000, 0x7F3000000010, 0x7F3000000020)
+        recorded.bundle.launch(plan, a.ptr, b.ptr, c.ptr, 0, 0x7F3000000000, 0x7F3000000010, 0x7F3000000020,
+                               0x7F4000000000)
         (launch,) = [e for e in recorded.events()[before:] if e["event"] == "launch"]
         assert launch["path"] == "driver", launch
         pairs.append((expected_launch(ctx, m, n, batch, resident), recorded_launch(launch)))

@@ -128,9 +128,13 @@ def test_operators_pass_torch_library_opcheck(bundle, torch):
         (_torch.gemm_op, (x.detach(), w.detach(), ref, "", False, "silu")),
         (_torch.gemm_out_op, (x.detach(), w.detach(),
                               torch.empty(64, 104, device="cuda", dtype=torch.bfloat16)[:, :100], ref, "")),
-        (_torch.scaled_gemm_op, (x8, w8, s, s, torch.bfloat16, ref, "")),
+        (_torch.scaled_gemm_op, (x8, w8, s, s, torch.bfloat16, ref, "", "tensor")),
         (_torch.scaled_gemm_out_op, (x8, w8, s, s,
-                                     torch.empty(64, 104, device="cuda", dtype=torch.bfloat16)[:, :100], ref, "")),
+                                     torch.empty(64, 104, device="cuda", dtype=torch.bfloat16)[:, :100], ref, "",
+                                     "tensor")),
+        # Row-wise scales and a bias.
+        (_torch.scaled_gemm_op, (x8, w8, torch.rand(64, 1, device="cuda"), torch.rand(1, 100, device="cuda"),
+                                 torch.bfloat16, ref, "", "rowwise", torch.randn(100, device="cuda"))),
     ]
     for op, args in checks:
         torch.library.opcheck(op, args)
@@ -158,8 +162,13 @@ def _call_kinds(torch, bundle):
         "gemm": (lambda: (bundle.gemm(a, w.t()), a.double() @ w.double().t()), None),
         "scaled, per-tensor": (scaled(two, one), None),
         "scaled, f32 out": (scaled(one, two, out_dtype=torch.float32), None),
-        "scaled, row-wise scales": (scaled(torch.rand(M, 1, device="cuda"), torch.rand(1, N, device="cuda")),
-                                    (ValueError, "scale_a: expected a one-element float32")),
+        "scaled, row-wise scales": (scaled(torch.rand(M, 1, device="cuda"), torch.rand(1, N, device="cuda")), None),
+        "scaled, row-wise float64 scales": (scaled(torch.rand(M, 1, device="cuda").double(),
+                                                   torch.rand(1, N, device="cuda")),
+                                            (ValueError, r"scale_a: expected a float32 tensor \(M, 1\)")),
+        "scaled, row-wise scales of the wrong length": (scaled(torch.rand(M, 1, device="cuda"),
+                                                               torch.rand(1, N - 8, device="cuda")),
+                                                        (ValueError, r"scale_b: expected a float32 tensor \(1, N\)")),
         "scaled, float64 scale": (scaled(one.double(), one), (ValueError, "scale_a: expected a one-element")),
         "scaled, host scale": (scaled(one, one.cpu()), (ValueError, "scale_b: expected a one-element")),
         "scaled, python float": (lambda: bundle.scaled_gemm(a8, w8.t(), 1.0, one), (TypeError, "scale_a")),
@@ -175,8 +184,9 @@ def _call_kinds(torch, bundle):
 def test_every_call_is_checked_whatever_came_before(bundle, torch):
     """Property test: calls of one shape in random order, valid and invalid; each is correct or
     raises its documented error. A plan cached by an earlier call of the same signature must
-    not let a later call skip a check (row-wise scales after per-tensor ones returned a wrong
-    result before the scales' signature joined the plan key)."""
+    not let a later call skip a check or run another call's kernel (row-wise scales after
+    per-tensor ones returned a wrong result before the scales' signature joined the plan key;
+    they now run a rowwise kernel)."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
@@ -197,5 +207,5 @@ def test_every_call_is_checked_whatever_came_before(bundle, torch):
     run()
     # the case that was wrong: row-wise scales right after a per-tensor call of the same shape
     kinds["scaled, per-tensor"][0]()
-    with pytest.raises(ValueError):
-        kinds["scaled, row-wise scales"][0]()
+    got, ref = kinds["scaled, row-wise scales"][0]()
+    assert rel_err(got, ref) < 1e-2

@@ -143,8 +143,8 @@ def test_check_scales_refuses_wrong_scales_naming_the_argument(change, error, te
 
 def test_scale_format_is_checked_before_anything_runs():
     a, b, sa, sb = _operands()
-    with pytest.raises(ValueError, match="scale_format: 'rowwise' is not one of 'tensor', 'blockwise'"):
-        tilekiln.scaled_gemm(a, b, sa, sb, scale_format="rowwise")
+    with pytest.raises(ValueError, match="scale_format: 'columnwise' is not one of 'tensor', 'rowwise', 'blockwise'"):
+        tilekiln.scaled_gemm(a, b, sa, sb, scale_format="columnwise")
 
 
 def test_blockwise_kernel_ids_round_trip():

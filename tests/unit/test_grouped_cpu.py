@@ -55,9 +55,10 @@ def test_the_family_passes_offs_between_the_tensors_and_the_scales():
     # extents, clusters, device, index and padding.
     assert family.plan_format == "<" + "q" * 10 + "i" * 8
     assert family.indices[0].limit == MAX_GROUPS
-    # The dense family has no index vectors; its call block: a, b, c, the scales, the bias, the stream.
-    assert FAMILIES["gemm"].indices == () and FAMILIES["gemm"].call_format == "<" + "Q" * 7
-    assert family.vectors == ()
+    # The dense family has no index vectors; its call block: a, b, c, the scales, the bias, the
+    # residual, the stream.
+    assert FAMILIES["gemm"].indices == () and FAMILIES["gemm"].call_format == "<" + "Q" * 8
+    assert family.vectors == () and family.likes == ()
 
 
 def test_kernel_ids_name_the_family():
@@ -80,8 +81,11 @@ def test_glue_exports_a_grouped_launcher_with_offs_in_the_call_block():
                             "float32", "scales,", "read", "only", "by", "kernels", "that", "scale:", "one", "element,",
                             "or", "per", "block", "*/", "void", "*stream;"]
     launch = " ".join(text.split("tk_run_grouped(const", 1)[1].split("void *args[9] = {", 1)[1].split("};")[0].split())
-    assert launch == ("&a, &b, &c, &offs, blockwise ? (void *)&scale_a_blocks : (void *)&scale_a, "
-                      "blockwise ? (void *)&scale_b_blocks : (void *)&scale_b, &clusters, &stream, &result")
+    assert launch == ("&a, &b, &c, &offs, scaling == TK_SCALING_BLOCKWISE ? (void *)&scale_a_blocks : "
+                      "scaling == TK_SCALING_ROWWISE ? (void *)&scale_a_rows : (void *)&scale_a, "
+                      "scaling == TK_SCALING_BLOCKWISE ? (void *)&scale_b_blocks : "
+                      "scaling == TK_SCALING_ROWWISE ? (void *)&scale_b_rows : (void *)&scale_b, "
+                      "&clusters, &stream, &result")
     dense = text.split("} tk_call_gemm_t;")[0].rsplit("typedef struct {", 1)[1]
     assert "offs" not in dense
 

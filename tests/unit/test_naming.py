@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from tilekiln.spec import (FAMILY_NAMES, Activation, Bias, BlockScale, Cluster, DType, DTypes, KernelConfig,
-                           KernelIdError, Layout, Operand, Raster, Scaling, Schedule, Tile, format_kernel_id,
-                           parse_kernel_id)
+                           KernelIdError, Layout, Operand, Raster, Residual, Scaling, Schedule, Tile,
+                           format_kernel_id, parse_kernel_id)
 
 configs = st.builds(
     KernelConfig,
@@ -30,6 +30,7 @@ configs = st.builds(
     evict_first=st.frozensets(st.sampled_from(Operand)),
     bias=st.sampled_from(Bias),
     activation=st.sampled_from(Activation),
+    residual=st.sampled_from(Residual),
     scaling=st.sampled_from(Scaling),
 )
 
@@ -68,6 +69,22 @@ def test_the_bias_precedes_the_activation_in_the_id():
         parse_kernel_id("gemm_sm90_bf16_bf16_f32_bf16_tn_64x16x64_c2x1_silu_biasbf16")
 
 
+def test_rowwise_and_residual_spell_their_tokens_in_field_order():
+    config = parse_kernel_id("gemm_sm90_e4m3_e4m3_f32_bf16_tn_64x128x128_c2x1_pingpong_rowwise_biasbf16")
+    assert config.scaling is Scaling.ROWWISE and config.bias is Bias.BF16 and config.residual is Residual.NONE
+    config = parse_kernel_id("gemm_sm90_bf16_bf16_f32_bf16_tn_128x128x64_c2x1_pingpong_biasbf16_silu_resadd")
+    assert config.residual is Residual.ADD and config.activation is Activation.SILU
+    # The residual comes after the activation, as the epilogue applies it.
+    with pytest.raises(KernelIdError):
+        parse_kernel_id("gemm_sm90_bf16_bf16_f32_bf16_tn_128x128x64_c2x1_pingpong_resadd_silu")
+
+
+def test_swiglu_is_a_gated_activation_in_the_id():
+    config = parse_kernel_id("gemm_sm90_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_swiglu_sw8")
+    assert config.activation is Activation.SWIGLU and config.activation.gated and config.swizzle == 8
+    assert not any(a.gated for a in Activation if a is not Activation.SWIGLU)
+
+
 def test_tcgen05_options_parse():
     config = parse_kernel_id("gemm_sm103_e2m1_e2m1_f32_bf16_tn_128x256x768_c2x1_2cta_sfe4m3x16_s3")
     assert config.cta_group == 2 and config.block_scale == BlockScale(DType.E4M3, 16) and config.stages == 3
@@ -97,6 +114,7 @@ PERTURBATIONS = {
     "bias": Bias.F32,
     "activation": Activation.GELU_TANH,
     "scaling": Scaling.BLOCKWISE,
+    "residual": Residual.ADD,
 }
 
 

@@ -649,3 +649,48 @@ def test_a_requested_epilogue_never_runs_split_k():
     assert sliced(deep, 2) is not None
     assert sliced(replace(deep, requested=(("bias", "bf16"),)), 2) is None
     assert sliced(replace(deep, requested=(("activation", "silu"),)), 2) is None
+
+
+def swiglu_problem(m, n, k, out=None):
+    from tilekiln.problem import requested_epilogue
+
+    return make_problem(op("a", (m, k)), op("b", (k, n), (1, k)), out, None, requested_epilogue(activation="swiglu"))
+
+
+def test_a_swiglu_problem_writes_half_the_columns_and_checks_out_against_them():
+    p = swiglu_problem(100, 2 * 200, 64)
+    assert (p.n, p.out_n, p.out_shape) == (400, 200, (100, 200))
+    assert p.c.lead == 200 and p.alloc_shape == (100, 200)
+    # 2 x 100 columns of bf16: rows padded to 16 bytes
+    assert swiglu_problem(8, 2 * 100, 64).c.lead == 104
+    with pytest.raises(ValueError, match="b: 401 columns, an odd count"):
+        swiglu_problem(8, 401, 64)
+    with pytest.raises(ValueError, match=r"out: shape \[8, 400\] does not match the result shape \[8, 200\]"):
+        swiglu_problem(8, 400, 64, op("out", (8, 400)))
+    assert swiglu_problem(8, 400, 64, op("out", (8, 200))).c.lead == 200
+
+
+def test_swiglu_runs_only_on_a_swiglu_kernel_for_whole_gate_up_block_pairs():
+    """A swiglu kernel pairs 64-row gate and up blocks: I not a multiple of 64, or no swiglu
+    kernel, and the plain GEMM runs over all N columns (ungated) with torch pairing them after."""
+    from tilekiln.select import choose_fused
+
+    swiglu = kernel_record(7, "k7_swiglu", (128, 256, 64), activation="swiglu")
+    silu = kernel_record(8, "k8_silu", (128, 256, 64), activation="silu")
+    kernels = (*KERNELS, swiglu, silu)
+    fits = swiglu_problem(1024, 2 * 14336, 4096)
+    assert check_kernel(swiglu, tn(1024, 2 * 14336, 4096)) == \
+        "activation: kernel computes swiglu, the call asks for none"
+    assert check_kernel(silu, fits) == "activation: kernel computes silu, the call asks for swiglu"
+    choice, unfused = choose_fused(lambda p: choose(kernels, p, 132, {}), fits)
+    assert choice.kernel is swiglu and unfused == () and choice.run.out_shape == (1024, 14336)
+    ragged = swiglu_problem(1024, 2 * 100, 4096)
+    assert check_kernel(swiglu, ragged) == ("swiglu: I = N/2 = 100 is not a multiple of the kernel's 64-row gate and "
+                                            "up blocks (its tiles pair whole blocks)")
+    # I = 100 with a swiglu kernel in the bundle, and I = 14336 without one
+    for problem, available, columns in ((ragged, kernels, 200), (fits, (*KERNELS, silu), 2 * 14336)):
+        choice, unfused = choose_fused(lambda p: choose(available, p, 132, {}), problem)
+        assert choice.kernel.config.activation.value == "none" and unfused == (("activation", "swiglu"),)
+        # the plain GEMM's problem: all N columns into a result tilekiln allocates
+        assert choice.run.out_shape == (1024, columns) and choice.run.c.lead >= columns
+

@@ -227,3 +227,110 @@ def test_linear_names_a_bad_bias(fake, bundle):
             tilekiln.linear(x, w, bias, bundle=bundle)
         with pytest.raises(Exception, match=message):  # torch.compile wraps it, message and all
             traced(lambda: tilekiln.linear(x, w, bias, activation="relu", bundle=bundle))
+
+
+def _swiglu_reference(x, w_gate, w_up):
+    return torch.nn.functional.silu(x @ w_gate.T) * (x @ w_up.T)
+
+
+@pytest.mark.parametrize("inter", [64, 192, 100, 7])
+def test_swiglu_weight_interleaves_gate_and_up_blocks_and_the_unfused_product_matches_torch(inter):
+    """On the CPU in float64: the converted weight's rows are gate and up blocks of 64 in turn (a
+    shorter last pair where 64 does not divide I), from the two weights or the stacked one, and
+    the torch pairing of x @ w.T (the fallback) is silu(x @ gate.T) * (x @ up.T)."""
+    from tilekiln._torch import swiglu_unfused
+    from tilekiln.spec import GLU_BLOCK
+
+    gen = torch.Generator().manual_seed(inter)
+    gate, up = (torch.randn(inter, 24, dtype=torch.float64, generator=gen) for _ in range(2))
+    w = tilekiln.swiglu_weight(gate, up)
+    assert w.shape == (2 * inter, 24) and w.is_contiguous()
+    assert torch.equal(w, tilekiln.swiglu_weight(torch.cat([gate, up])))
+    whole = inter // GLU_BLOCK * GLU_BLOCK
+    for block in range(whole // GLU_BLOCK):
+        rows = slice(block * GLU_BLOCK, (block + 1) * GLU_BLOCK)
+        assert torch.equal(w[2 * block * GLU_BLOCK:(2 * block + 1) * GLU_BLOCK], gate[rows])
+        assert torch.equal(w[(2 * block + 1) * GLU_BLOCK:(2 * block + 2) * GLU_BLOCK], up[rows])
+    assert torch.equal(w[2 * whole:whole + inter], gate[whole:]) and torch.equal(w[whole + inter:], up[whole:])
+    x = torch.randn(3, 5, 24, dtype=torch.float64, generator=gen)
+    torch.testing.assert_close(swiglu_unfused(x @ w.T), _swiglu_reference(x, gate, up))
+
+
+def test_swiglu_weight_names_its_bad_arguments():
+    with pytest.raises(ValueError, match=r"w_gate: without w_up, expected the stacked \[gate; up\] weight"):
+        tilekiln.swiglu_weight(torch.empty(7, 4))
+    with pytest.raises(ValueError, match=r"w_up: expected the shape of w_gate \(I, K\)"):
+        tilekiln.swiglu_weight(torch.empty(8, 4), torch.empty(8, 5))
+    with pytest.raises(ValueError, match="w_up: torch.float16 on cpu, while w_gate is torch.float32"):
+        tilekiln.swiglu_weight(torch.empty(8, 4), torch.empty(8, 4, dtype=torch.float16))
+    with pytest.raises(TypeError, match="w_up: expected a torch tensor, got list"):
+        tilekiln.swiglu_weight(torch.empty(8, 4), [[0.0] * 4] * 8)
+
+
+def test_the_swiglu_gradient_is_torchs():
+    """The backward's gradient at the interleaved GEMM result equals autograd's through the torch
+    pairing (float64, CPU)."""
+    from tilekiln._torch import _swiglu_grad, swiglu_unfused
+
+    gen = torch.Generator().manual_seed(3)
+    pre = torch.randn(5, 2 * 100, dtype=torch.float64, generator=gen, requires_grad=True)
+    grad = torch.randn(5, 100, dtype=torch.float64, generator=gen)
+    swiglu_unfused(pre).backward(grad)
+    torch.testing.assert_close(_swiglu_grad(pre.detach(), grad), pre.grad)
+
+
+@pytest.mark.parametrize("x_shape", [(64, 32), (2, 8, 32)])
+def test_swiglu_is_one_graph_node_with_half_the_columns_and_the_real_strides(fake, bundle, x_shape):
+    from tilekiln.problem import result_strides
+
+    x, w = cuda(*x_shape), cuda(2 * 100, 32)
+    result, ops = traced(lambda: tilekiln.swiglu(x, w, bundle=bundle))
+    assert tuple(result.shape) == (*x_shape[:-1], 100) and result.dtype == BF16
+    assert ops.count("tilekiln.gemm.default") == 1 and "silu" not in str(ops), ops
+    # the node's own result (rows of x, 100 bf16 columns padded to 104) as run_gemm allocates it
+    rows = x.reshape(-1, 32).shape[0]
+    node = torch.ops.tilekiln.gemm(x.reshape(-1, 32), w.t(), "", "", False, "swiglu")
+    assert node.stride() == result_strides((rows, 100), 32, 2) == (104, 1)
+
+
+def test_swiglu_gradients_flow_through_one_fused_node(bundle):
+    """Under autograd the forward stays the fused node; the backward recomputes the GEMM (with the
+    torch fallback), then runs dA and dB."""
+    x, w = meta(4, 16, 32, requires_grad=True), meta(2 * 128, 32, requires_grad=True)
+    with OpLog() as log:
+        y = tilekiln.swiglu(x, w, bundle=bundle)
+        assert y.shape == (4, 16, 128)
+        y.float().sum().backward()
+    assert x.grad.shape == x.shape and w.grad.shape == w.shape
+    assert log.calls == [("gemm.default", False), ("gemm.default", True), ("gemm.default", True),
+                         ("gemm.default", True)]
+
+
+def test_swiglu_names_its_bad_arguments(fake, bundle):
+    from tilekiln._torch import swiglu
+
+    x = cuda(8, 32)
+    cases = (
+        (ValueError, r"w_gate_up: expected \(2I, K\) with K = x's last dimension and an even row count",
+         dict(w_gate_up=cuda(201, 32))),
+        (ValueError, r"w_gate_up: expected \(2I, K\).*got w_gate_up \[200, 16\] and x \[8, 32\]",
+         dict(w_gate_up=cuda(200, 16))),
+        (TypeError, r"w_gate_up: dtype torch.float16 is not x's \(torch.bfloat16\)",
+         dict(w_gate_up=cuda(200, 32, dtype=torch.float16))),
+        (ValueError, r"w_gate_up: on meta while x is on cuda:0", dict(w_gate_up=meta(200, 32))),
+        (TypeError, "w_gate_up: expected a torch tensor, got list", dict(w_gate_up=[[0.0] * 32] * 200)),
+        (ValueError, r"out: expected shape \[8, 100\], dtype torch.bfloat16 on cuda:0, got \[8, 200\]",
+         dict(w_gate_up=cuda(200, 32), out=cuda(8, 200))),
+    )
+    for error, message, kwargs in cases:
+        w = kwargs.pop("w_gate_up")
+        if isinstance(w, list):
+            with pytest.raises(TypeError, match="swiglu takes torch tensors"):
+                tilekiln.swiglu(x, w, bundle=bundle)
+            with pytest.raises(error, match=message):
+                swiglu(bundle, x, w, None)
+            continue
+        with pytest.raises(error, match=message):
+            tilekiln.swiglu(x, w, bundle=bundle, **kwargs)
+    with pytest.raises(ValueError, match=r"activation: 'swiglu' pairs gate and up columns.*tilekiln.swiglu"):
+        tilekiln.linear(x, cuda(200, 32), activation="swiglu", bundle=bundle)

@@ -7,7 +7,7 @@ from typing import Iterator
 from builder.check.context import KernelContext
 from builder.check.rules.registry import rule
 from builder.diagnostics import Diagnostic, did_you_mean
-from tilekiln.spec import BLOCKWISE_BLOCK, Scaling
+from tilekiln.spec import BLOCKWISE_BLOCK, GLU_BLOCK, Scaling
 
 
 @rule("TARGET-ARCH", "every target of a config is a compile target of its pipeline")
@@ -189,3 +189,68 @@ def check_bias_dtype(ctx: KernelContext) -> Iterator[Diagnostic]:
                    f"of its result's type or float32, so no call would ever run this kernel",
                    f"use bias f32, or bias {c.value}" if c.value != "f32" else "use bias f32",
                    bias=bias, c=c)
+
+
+@rule("ROWWISE", "a row-wise-scaled kernel multiplies 8-bit floats into a float result, in the dense gemm family")
+def check_rowwise(ctx: KernelContext) -> Iterator[Diagnostic]:
+    cfg = ctx.entry.config
+    if cfg.scaling is not Scaling.ROWWISE:
+        return
+    d = cfg.dtypes
+    if not d.scaled or d.acc.value != "f32" or d.c.value not in _BIAS_OUTPUTS:
+        yield ctx.diag("ROWWISE", "dtypes", f"row-wise scaling multiplies an 8-bit float product, accumulated in "
+                       f"f32, by scale_a[m] * scale_b[n] and rounds it once to a float C; got {'/'.join(d.tokens)}",
+                       "use dtypes {a: e4m3, b: e4m3, acc: f32, c: bf16} (or another 8-bit float input pair)",
+                       dtypes=list(d.tokens), outputs=list(_BIAS_OUTPUTS))
+    if cfg.family != "gemm":
+        yield ctx.diag("ROWWISE", "scaling", f"row-wise scaling is built for the dense gemm family, not "
+                       f"{cfg.family}: its scale vectors span the problem's M and N",
+                       "use scaling: tensor for this family", family=cfg.family)
+
+
+@rule("RESIDUAL", "a kernel that adds a residual writes a float result, in the dense gemm family")
+def check_residual(ctx: KernelContext) -> Iterator[Diagnostic]:
+    cfg = ctx.entry.config
+    if cfg.residual.value == "none":
+        return
+    if cfg.dtypes.c.value not in _BIAS_OUTPUTS:
+        yield ctx.diag("RESIDUAL", "residual", f"the residual (of C's type) is added to the fp32 epilogue value "
+                       f"before it is rounded to C, but C is {cfg.dtypes.c.value}, not a float type that holds "
+                       f"the sum ({', '.join(_BIAS_OUTPUTS)})", "remove residual, or use an output type of "
+                       f"{', '.join(_BIAS_OUTPUTS)}", c=cfg.dtypes.c, outputs=list(_BIAS_OUTPUTS))
+    if cfg.family != "gemm":
+        yield ctx.diag("RESIDUAL", "residual", f"the residual is an argument of the dense gemm family, not "
+                       f"{cfg.family}", "remove residual for this family", family=cfg.family)
+
+
+@rule("SWIGLU", "a swiglu kernel's tile holds whole gate/up block pairs, unswapped, with no per-value operands")
+def check_swiglu(ctx: KernelContext) -> Iterator[Diagnostic]:
+    cfg, plan = ctx.entry.config, ctx.plan
+    if not cfg.activation.gated:
+        return
+    pair = 2 * GLU_BLOCK
+    if cfg.tile.n % pair:
+        yield ctx.diag("SWIGLU", "tile", f"tile N {cfg.tile.n} is not a multiple of {pair}: B's rows interleave gate "
+                       f"and up in blocks of {GLU_BLOCK} (GLU_BLOCK), and the epilogue pairs a gate block with its up "
+                       "block inside one tile", f"use tile N a multiple of {pair} (128 or 256)",
+                       tile_n=cfg.tile.n, glu_block=GLU_BLOCK)
+    if plan.epi_n and GLU_BLOCK % plan.epi_n:
+        yield ctx.diag("SWIGLU", "tile", f"the epilogue's {plan.epi_m}x{plan.epi_n} sub-tile does not divide a "
+                       f"{GLU_BLOCK}-column gate block, so a stored sub-tile would mix gate and up columns",
+                       f"use a tile whose epilogue sub-tile N divides {GLU_BLOCK}",
+                       epi_tile=[plan.epi_m, plan.epi_n], glu_block=GLU_BLOCK)
+    if cfg.swap_ab:
+        yield ctx.diag("SWIGLU", "swap_ab", "swiglu pairs columns of C, which a swapped kernel stores along the MMA's "
+                       "rows, where the epilogue's gate and up values are in different threads",
+                       "remove swap_ab (a skinny M runs a tile of 64 rows, or the unfused GEMM)", swap_ab=True)
+    if cfg.bias.dtype is not None:
+        yield ctx.diag("SWIGLU", "bias", f"bias {cfg.bias.value} with swiglu: the epilogue does not add a bias "
+                       "before the gate and up product (tilekiln.swiglu takes none)", "remove bias",
+                       bias=cfg.bias.value)
+    # The per-value operands run along C's columns, which the gated epilogue halves.
+    if cfg.scaling is Scaling.ROWWISE:
+        yield ctx.diag("SWIGLU", "scaling", "row-wise scales with swiglu: the epilogue applies per-tensor scales to "
+                       "the gate and up values only", "use scaling: tensor", scaling=cfg.scaling.value)
+    if cfg.residual.value != "none":
+        yield ctx.diag("SWIGLU", "residual", "a residual with swiglu: the gated epilogue adds none (an MLP's "
+                       "residual goes with its down projection)", "remove residual", residual=cfg.residual.value)
