@@ -360,7 +360,7 @@ def _scaled_request(a: Tensor, b: Tensor, scale_format: str, out_dtype, out: Ten
         bias_type = bias_token(bias, a, n, dtype, "the result's")
     if scale_format in RUNTIME_BLOCK_FORMATS:
         # A block-scaled format asks for its block scale; the scales' scaling stays the default.
-        return requested_epilogue(block_scale=dict(block_request(scale_format))["block_scale"], bias=bias_type)
+        return requested_epilogue(**dict(block_request(scale_format)), bias=bias_type)
     return requested_epilogue(scaling=scale_format, bias=bias_type)
 
 

@@ -262,7 +262,7 @@ def test_scale_format_names_the_block_scaled_formats():
     assert scale_format_token("mxfp8") == "mxfp8"
     with pytest.raises(ValueError, match="scale_format: 'nvfp4' takes packed fp4 operands"):
         scale_format_token("nvfp4")
-    with pytest.raises(ValueError, match="'tensor', 'blockwise', 'mxfp8'"):
+    with pytest.raises(ValueError, match="'tensor', 'rowwise', 'blockwise', 'mxfp8'"):
         scale_format_token("mx")
 
 
@@ -270,3 +270,12 @@ def test_elements_of_another_type_are_refused():
     a, b, sa, sb = _operands()
     with pytest.raises(TypeError, match=r"a: mxfp8 takes torch\.float8_e4m3fn elements, got torch\.bfloat16"):
         bs.check_block_scales(a.to(torch.bfloat16), b, sa, sb, "mxfp8")
+
+
+def test_an_mxfp8_call_asks_for_its_block_scale_and_its_bias():
+    from tilekiln._torch import _scaled_request
+
+    a, b, _, _ = _operands()
+    assert _scaled_request(a, b, "mxfp8", None, None, None) == (("block_scale", "sfe8m0x32"),)
+    bias = torch.zeros(b.shape[1], dtype=torch.float32)
+    assert _scaled_request(a, b, "mxfp8", None, None, bias) == (("block_scale", "sfe8m0x32"), ("bias", "f32"))
