@@ -184,7 +184,11 @@ def scaled_gemm(a, b, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, 
     ``b`` (K, N) K-major (an nn.Linear weight's ``.t()``), K a multiple of 128; ``scale_a`` float32
     (M, K/128) M-major, one per row and 128 K, and ``scale_b`` float32 (ceil(N/128), K/128) with
     K/128 contiguous, one per 128x128 block; :func:`quantize_fp8_blockwise` makes both
-    (docs/runtime.md). ``bias``: None or a contiguous (N,) tensor of the result's type or float32,
+    (docs/runtime.md). ``"mxfp8"`` (the Blackwell and Rubin bundles): e4m3 ``a`` (M, K) and ``b``
+    (K, N) K-major, K a multiple of 128; ``scale_a``/``scale_b`` float8_e8m0fnu, one per 32
+    elements of a row of ``a`` / of ``b.t()``, in the tcgen05 layout that
+    ``tilekiln.blockscaled.to_blocked`` makes from row-major (rows, K/32) scales
+    (``tilekiln.blockscaled.quantize(x, "mxfp8")`` makes those). ``bias``: None or a contiguous (N,) tensor of the result's type or float32,
     added after the scales, fused where a kernel adds it (else by torch; ``explain`` says which)."""
     fast = _torch_operands(a, b)
     if fast is None:
@@ -236,10 +240,11 @@ def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias
     ``activation`` (``"swiglu"`` for ``swiglu(x, w)``: pass ``x`` and ``w.t()``), ``bias`` (the bias tensor, or its type: ``"bf16"``, ``"f32"`` or a torch
     dtype) and ``residual`` (a residual tensor, or True), whether a kernel fuses them (as ``linear``
     would ask; the residual fuses only where its strides are the result's, docs/runtime.md); with
-    ``scale_format`` (``"rowwise"``, ``"blockwise"``), the kernel ``scaled_gemm`` would run for
+    ``scale_format`` (``"rowwise"``, ``"blockwise"``, ``"mxfp8"``), the kernel ``scaled_gemm`` would run for
     fp8 operands with such scales; with ``offs`` (or ``masked_m``), the kernel
     ``grouped_gemm(a, b, offs)`` (``grouped_gemm_masked``) would run."""
     from tilekiln._tensors import is_torch_tensor, torch_dtype_token
+    from tilekiln.blockscaled import RUNTIME_BLOCK_FORMATS, block_request
     from tilekiln.blockwise import scale_format_token
     from tilekiln.problem import requested_epilogue
 
@@ -249,7 +254,9 @@ def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias
     bias_type = "none" if bias is None else torch_dtype_token(bias.dtype if is_torch_tensor(bias) else bias)
     act = "none" if activation is None else getattr(activation, "value", activation)
     scaling = "tensor" if scale_format is None else scale_format_token(scale_format)
-    requested = requested_epilogue(scaling=scaling, bias=bias_type, activation=act,
+    # A block-scaled format asks for its block scale (tilekiln/blockscaled.py), the others for a scaling.
+    asked = dict(block_request(scaling)) if scaling in RUNTIME_BLOCK_FORMATS else {"scaling": scaling}
+    requested = requested_epilogue(**asked, bias=bias_type, activation=act,
                                    residual="none" if residual is None or residual is False else "add")
     # A scaled (fp8) call's result is bf16 by default, as scaled_gemm's.
     out_dtype = None if scale_format is None else (

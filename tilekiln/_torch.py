@@ -42,6 +42,8 @@ import torch
 
 from tilekiln._native import CALL
 from tilekiln._tensors import describe, torch_dtype_token
+from tilekiln.blockscaled import (RUNTIME_BLOCK_FORMATS, block_request, check_block_operands,
+                                  check_block_scale_tensors, check_scale_pointers, format_of, requested_format)
 from tilekiln.blockwise import check_scales, scale_format_token
 from tilekiln.bundle import Bundle, raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
@@ -349,14 +351,27 @@ _ROWWISE = ("scaling", "rowwise")
 def _scaled_request(a: Tensor, b: Tensor, scale_format: str, out_dtype, out: Tensor | None,
                     bias: Tensor | None) -> tuple[tuple[str, object], ...]:
     """The requested fields of a scaled call: its scale format (the per-tensor default asks for
-    nothing), then its bias, checked against the result's type (out's, or out_dtype, bf16 by default)."""
+    nothing; a block-scaled format, its block scale), then its bias, checked against the result's type (out's, or out_dtype, bf16 by default)."""
     if bias is None:
         bias_type = "none"
     else:
         dtype = out.dtype if out is not None else torch.bfloat16 if out_dtype is None else out_dtype
         n = b.shape[-1] if b.dim() >= 1 else 0
         bias_type = bias_token(bias, a, n, dtype, "the result's")
+    if scale_format in RUNTIME_BLOCK_FORMATS:
+        # A block-scaled format asks for its block scale; the scales' scaling stays the default.
+        return requested_epilogue(**dict(block_request(scale_format)), bias=bias_type)
     return requested_epilogue(scaling=scale_format, bias=bias_type)
+
+
+def _check_block_kernels(bundle: Bundle, name: str) -> None:
+    """A bundle without any kernel of the block-scaled format ``name``: the arch message, not a list
+    of every kernel's refusal."""
+    fmt = format_of(name)
+    if not any(k.config.block_scale == fmt.scale and k.config.dtypes.a == fmt.data for k in bundle.kernels):
+        raise NoKernelError(f"scale_format={name!r}: bundle {bundle.name} ({bundle.arch}) has no {name} kernels; "
+                            "the block-scaled tcgen05 MMA exists on compute capability 10.x, whose bundles "
+                            "(sm_100a, sm_103a, sm_107a) hold them")
 
 
 def linear(bundle, x: Tensor, weight: Tensor, bias: Tensor | None, activation, residual: Tensor | None,
@@ -564,11 +579,15 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
     ``requested`` (:func:`_scaled_request`): the scale format, then the bias, whose type the caller checked."""
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
     blockwise, rowwise = _BLOCKWISE in requested, _ROWWISE in requested
+    block_format = requested_format(requested)
     key = ("scaled", a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.get_device(), b.get_device(),
            None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()), kernel, out_dtype,
            _scale_signature(scale_a), _scale_signature(scale_b), requested)
     plan = bundle._plans.get(key)
     if plan is None:
+        if block_format is not None:
+            _check_block_kernels(bundle, block_format)
+            check_block_operands(a, b, block_format)
         a_op, b_op = describe(a, "a"), describe(b, "b")
         # Blockwise scales are strided tensors, whose strides go in the plan block.
         scale_strides = check_scales(a, b, scale_a, scale_b) if blockwise else ()
@@ -585,7 +604,10 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
                                 f"scaling rowwise, and bundle {bundle.name} has none for these operands; pass "
                                 f"one-element (per-tensor) scales, or build a rowwise kernel (docs/catalog.md)"
                                 f"\n{exc}") from None
-        if not (blockwise or rowwise):
+        # The operands' own checks (device, dtype, shapes) came with the plan; then their scales'.
+        if block_format is not None:
+            check_block_scale_tensors(a, b, scale_a, scale_b, block_format)
+        elif not (blockwise or rowwise):
             for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
                 _check_scale(name, scale, plan.problem.device)
         bundle.remember(key, plan)
@@ -602,6 +624,8 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
     if plan.split > 1:
         return _split_k(bundle, plan, a, b, out, stream, scale_a.data_ptr(), scale_b.data_ptr())
     pa, pb = scale_a.data_ptr(), scale_b.data_ptr()
+    if block_format is not None:
+        check_scale_pointers(scale_a, scale_b)
     if (blockwise or rowwise) and (pa | pb) & 3:
         name = "scale_a" if pa & 3 else "scale_b"
         raise ValueError(f"{name}: data pointer is not 4-byte aligned (a float32 view at an odd byte offset); "

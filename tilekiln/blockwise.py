@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from tilekiln.problem import result_shape
-from tilekiln.spec import BLOCKWISE_BLOCK
+from tilekiln.blockscaled import RUNTIME_BLOCK_FORMATS
+from tilekiln.spec import BLOCK_SCALE_FORMATS, BLOCKWISE_BLOCK
 
 BLOCK = BLOCKWISE_BLOCK
 E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
@@ -83,11 +84,15 @@ def dequantize(x_fp8: torch.Tensor, scales: torch.Tensor, block: tuple[int, int]
     return x_fp8.double() * full
 
 
-_FORMATS = ("tensor", "rowwise", "blockwise")
+_FORMATS = ("tensor", "rowwise", "blockwise", *RUNTIME_BLOCK_FORMATS)
 
 
 def scale_format_token(scale_format) -> str:
-    """``scale_format`` checked: ``"tensor"``, ``"rowwise"`` or ``"blockwise"``; ValueError naming the argument."""
+    """``scale_format`` checked: ``"tensor"``, ``"rowwise"``, ``"blockwise"`` or a block-scaled format
+    the runtime takes (tilekiln/blockscaled.py); ValueError naming the argument."""
+    if scale_format in BLOCK_SCALE_FORMATS and scale_format not in RUNTIME_BLOCK_FORMATS:
+        raise ValueError(f"scale_format: {scale_format!r} takes packed fp4 operands, which scaled_gemm does not "
+                         f"accept yet; it takes {', '.join(map(repr, _FORMATS))}")
     if scale_format not in _FORMATS:
         raise ValueError(f"scale_format: {scale_format!r} is not one of {', '.join(map(repr, _FORMATS))}")
     return scale_format

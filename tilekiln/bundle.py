@@ -431,7 +431,9 @@ class Bundle:
         ``scale_format`` None reads the scales' shapes: one-element float32 tensors on the inputs'
         device are per-tensor scales, (M, 1) and (1, N) float32 ones row-wise (``"tensor"``,
         ``"rowwise"``). ``"blockwise"``: per-block float32 scales in the layouts of
-        tilekiln/blockwise.py (``quantize_fp8_blockwise`` makes them). ``bias``: None or an (N,)
+        tilekiln/blockwise.py (``quantize_fp8_blockwise`` makes them). ``"mxfp8"``: e4m3 ``a`` (M, K)
+        and ``b`` (K, N) K-major with e8m0 scales per 32 elements of K, each in the hardware layout
+        ``tilekiln.blockscaled.to_blocked`` makes (CC 10.x bundles). ``bias``: None or an (N,)
         vector of the result's type or float32. ``out_dtype`` defaults to bfloat16.
         """
         if not (is_torch_tensor(a) and is_torch_tensor(b)):

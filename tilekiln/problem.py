@@ -109,8 +109,8 @@ def requested_epilogue(**asked: object) -> tuple[tuple[str, object], ...]:
     the spec's field order (bias before activation, the order the epilogue applies them)."""
     out = []
     for f, spec in requested_fields():
-        value = asked.get(f.name, spec.codec.plain(f.default))
-        if value != spec.codec.plain(f.default):
+        value = asked.get(f.name, spec.codec.request(f.default))
+        if value != spec.codec.request(f.default):
             out.append((f.name, value))
     return tuple(out)
 

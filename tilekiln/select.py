@@ -111,7 +111,7 @@ def check_kernel(kernel: KernelRecord, problem: GemmProblem) -> str | None:
         return f"dtype: kernel computes {have[0]}/{have[1]}->{have[2]}, the call needs {problem.dtype}"
     asked = dict(problem.requested)
     for f, spec in requested_fields():
-        want, have = asked.get(f.name, spec.codec.plain(f.default)), spec.codec.plain(getattr(cfg, f.name))
+        want, have = asked.get(f.name, spec.codec.request(f.default)), spec.codec.request(getattr(cfg, f.name))
         if want != have:
             return f"{f.name}: kernel computes {have}, the call asks for {want}"
     if cfg.activation.gated and problem.n % (2 * GLU_BLOCK):

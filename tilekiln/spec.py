@@ -253,6 +253,23 @@ class BlockScale:
     block: int
 
 
+@dataclass(frozen=True)
+class BlockScaleFormat:
+    """A named block-scaled format: the element type of A and B and their block scale."""
+
+    data: DType
+    scale: BlockScale
+
+
+# The block-scaled formats (tilekiln/blockscaled.py; scaled_gemm's scale_format): OCP MX mxfp8 and
+# mxfp4 (a power-of-two e8m0 scale per 32 elements) and NVIDIA's nvfp4 (an e4m3 scale per 16).
+BLOCK_SCALE_FORMATS = {
+    "mxfp8": BlockScaleFormat(DType("e4m3"), BlockScale(DType("e8m0"), 32)),
+    "nvfp4": BlockScaleFormat(DType("e2m1"), BlockScale(DType("e4m3"), 16)),
+    "mxfp4": BlockScaleFormat(DType("e2m1"), BlockScale(DType("e8m0"), 32)),
+}
+
+
 # -- codecs: how a field's value is spelled in YAML/JSON, in ids, and held ---------------------
 
 
@@ -270,6 +287,11 @@ class Codec:
 
     def typed(self, plain: Any) -> Any:
         return plain
+
+    def request(self, value: Any) -> Any:
+        """The value as a call asks for it (``GemmProblem.requested``): hashable, since requests key
+        the runtime's plan cache, and equal exactly for equal values."""
+        return self.plain(value)
 
     def token(self, value: Any) -> str:
         return str(value)
@@ -441,6 +463,9 @@ class BlockScaleCodec(Codec):
     def describe(self, value):
         return "none" if value is None else f"{value.scale.value}x{value.block}"
 
+    def request(self, value):
+        return None if value is None else self.token(value)
+
 
 class OperandsCodec(Codec):
     """A set of problem operands, spelled ``<prefix><letters>`` in ids (sorted) and as a list in YAML."""
@@ -536,8 +561,10 @@ class KernelConfig:
                            False, selection=True, support=("swap_ab", "flag"))
     cta_group: int = _field(CountCodec(suffix="cta"), "CTAs per MMA instruction: 1, or 2 for a CTA pair", 1,
                             support=("cta_groups", "values"))
+    # The MMA itself multiplies by the block scales: only a kernel with exactly the call's runs it.
     block_scale: BlockScale | None = _field(BlockScaleCodec(), "block-scaled operands: scale type and block", None,
-                                            selection=True, support=("block_scales", "values"))
+                                            selection=True, support=("block_scales", "values"), requested=True,
+                                            applied_after=False)
     scaling: Scaling = _field(EnumCodec(Scaling), "how an fp8 GEMM's scales apply: per tensor or per block",
                               Scaling.TENSOR, selection=True, support=("scalings", "values"), requested=True,
                               applied_after=False)

@@ -13,7 +13,9 @@ of 128), against the product of the dequantized inputs; row-wise-scaled ones on
 fresh (M, 1) and (1, N) scales; residual kernels on a fresh residual, once into
 a separate output and once in place (the output is the residual). SwiGLU kernels run with N
 rounded up to whole gate/up block pairs (I then not a multiple of their tiles' half), writing N/2
-columns, against the float64 product paired by torch. A kernel passes when every
+columns, against the float64 product paired by torch. Block-scaled (mxfp8) kernels run on inputs
+quantized by ``tilekiln.blockscaled.quantize`` (K rounded up to whole scale-factor atoms), their
+scales passed in the blocked layout, against the product of the dequantized inputs. A kernel passes when every
 relative error ||out - ref|| / ||ref|| is under :data:`TOLERANCE` and no
 output is NaN.
 
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tilekiln._files import write_atomic
-from tilekiln.spec import BLOCKWISE_BLOCK, GLU_BLOCK, KernelRecord, Scaling, requested_fields
+from tilekiln.spec import BLOCK_SCALE_FORMATS, BLOCKWISE_BLOCK, GLU_BLOCK, KernelRecord, Scaling, requested_fields
 
 RECORD_SCHEMA = 1
 # bf16/fp16 rounding of the output alone is about 2e-3 relative; fp8 kernels are
@@ -122,7 +124,7 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
     from tilekiln import _torch
 
     cfg = kernel.config
-    requested = tuple((f.name, spec.codec.plain(getattr(cfg, f.name))) for f, spec in requested_fields()
+    requested = tuple((f.name, spec.codec.request(getattr(cfg, f.name))) for f, spec in requested_fields()
                       if getattr(cfg, f.name) != f.default)
     bias_dtype = None if cfg.bias.dtype is None else getattr(torch, HALF.get(cfg.bias.value, "float32"))
     bias = residual = None
@@ -165,6 +167,8 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
         return
     blockwise, rowwise = cfg.scaling is Scaling.BLOCKWISE, cfg.scaling is Scaling.ROWWISE
     pair = 2 * GLU_BLOCK if cfg.activation.gated else 1
+    block_format = next((name for name, f in BLOCK_SCALE_FORMATS.items()
+                         if (f.data, f.scale) == (cfg.dtypes.a, cfg.block_scale)), None)
     for batch, m, n, k in SHAPES:
         # A gated kernel pairs whole gate and up blocks; its result has half the columns.
         n = -(-n // pair) * pair
@@ -181,6 +185,17 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
             scaled(a8, w8.t(), out, scales=(sa, sb))
             ref = dequantize(a8, sa, rows) @ dequantize(w8, sb, blocks).t()
             yield f"{kernel.id} {m}x{n}x{k}", out, epilogue(ref)
+            continue
+        if block_format is not None:
+            from tilekiln import blockscaled as bs
+
+            step = bs.ATOM_BLOCKS * cfg.block_scale.block
+            k = -(-k // step) * step
+            a8, sa = bs.quantize(torch.randn(m, k, device="cuda", generator=gen), block_format)
+            w8, sw = bs.quantize(torch.randn(n, k, device="cuda", generator=gen), block_format)
+            out = _poisoned(torch, (m, n), torch.bfloat16)
+            scaled(a8, w8.t(), out, scales=(bs.to_blocked(sa), bs.to_blocked(sw)))
+            yield f"{kernel.id} {m}x{n}x{k}", out, epilogue(bs.reference_mm(a8, sa, w8, sw, block_format))
             continue
         a = _matrix(torch, m, k, cfg.layout.a_k_major, batch, dtype, gen)
         b = _matrix(torch, k, n, not cfg.layout.b_k_major, batch, dtype, gen)

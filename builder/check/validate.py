@@ -120,7 +120,7 @@ def check_catalog(catalog: Catalog, facts: FactTable, templates: TemplateSet, tu
                 + f"add catalog/hardware/{exc.name}.yaml or use one of {', '.join(exc.known)}",
                 facts={"pipeline": exc.name, "known": list(exc.known), "did_you_mean": close}, subject=kid))
             continue
-        serving = templates.serving(entry.config.pipeline, entry.config.family)
+        serving = templates.serving(entry.config.pipeline, entry.config.family, entry.config.block_scale is not None)
         if len(serving) > 1:
             names = ", ".join(f"{t.name} ({t.manifest_file})" for t in serving)
             diagnostics.append(Diagnostic(

@@ -162,10 +162,13 @@ class TemplateSet:
     templates: tuple[Template, ...]
     directory: Path
 
-    def serving(self, pipeline: str, family: str) -> tuple[Template, ...]:
-        """The templates that implement ``family`` on ``pipeline``; the validator reports none
-        or several (TEMPLATE-SUPPORT, TEMPLATE-AMBIGUOUS)."""
-        return tuple(t for t in self.templates if pipeline in t.manifest.pipelines and family in t.manifest.families)
+    def serving(self, pipeline: str, family: str, block_scaled: bool = False) -> tuple[Template, ...]:
+        """The templates that implement ``family`` on ``pipeline``, for block-scaled operands or not (a
+        template that lists ``block_scales`` builds only block-scaled kernels, one that lists none
+        only the others: the block-scaled mainloop is a template of its own); the validator reports
+        none or several (TEMPLATE-SUPPORT, TEMPLATE-AMBIGUOUS)."""
+        return tuple(t for t in self.templates if pipeline in t.manifest.pipelines and family in t.manifest.families
+                     and bool(t.manifest.supports.block_scales) == block_scaled)
 
 
 def load_templates(directory: Path, display_root: Path | None = None) -> TemplateSet:

@@ -67,17 +67,37 @@ TCGEN05_KERNELS = {
     "gemm_sm107_e4m3_e5m2_f32_bf16_nt_128x256x128_c2x1_2cta": (
         "sm_107a", "dtypes: {a: e4m3, b: e5m2, acc: f32, c: bf16}\n    layout: nt\n    tile: [128, 256, 128]\n"
                    "    cluster: [2, 1]\n    cta_group: 2"),
+    # mxfp8 (templates/sm100_blockscaled.py.j2), which the runtime also launches.
+    "gemm_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_sfe8m0x32": (
+        "sm_107a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
+                   "    tile: [128, 256, 128]\n    cluster: [1, 1]"),
+    "gemm_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c2x1_2cta_sfe8m0x32": (
+        "sm_103a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
+                   "    tile: [128, 256, 128]\n    cluster: [2, 1]\n    cta_group: 2"),
+}
+# The block-scaled fp4 kernels: census only (the runtime takes no packed fp4 operands, so the
+# launch test, which plans through it, cannot run them).
+FP4_KERNELS = {
+    "gemm_sm100_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe4m3x16": (
+        "sm_100a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}\n    block_scale: {scale: e4m3, block: 16}\n"
+                   "    tile: [128, 256, 256]\n    cluster: [1, 1]"),
+    "gemm_sm100_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe8m0x32": (
+        "sm_103a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
+                   "    tile: [128, 256, 256]\n    cluster: [1, 1]"),
+    "gemm_sm100_e2m1_e2m1_f32_bf16_tn_128x256x256_c2x1_2cta_sfe4m3x16": (
+        "sm_107a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}\n    block_scale: {scale: e4m3, block: 16}\n"
+                   "    tile: [128, 256, 256]\n    cluster: [2, 1]\n    cta_group: 2"),
 }
 
 
-def tcgen05_catalog(pipeline: str) -> str:
+def tcgen05_catalog(pipeline: str, kernels: dict[str, tuple[str, str]] = TCGEN05_KERNELS) -> str:
     return f"""pipeline: {pipeline}
 targets: [sm_107a]
 defaults:
   dtypes: {{a: bf16, b: bf16, acc: f32, c: bf16}}
   layout: tn
 kernels:
-""" + "".join(f"  - {fields}\n    targets: [{arch}]\n" for kid, (arch, fields) in TCGEN05_KERNELS.items()
+""" + "".join(f"  - {fields}\n    targets: [{arch}]\n" for kid, (arch, fields) in kernels.items()
               if kid.split("_")[1] == pipeline)
 
 
@@ -99,6 +119,17 @@ def tcgen05_build(tmp_path_factory):
         files.append(base / f"{pipeline}.yaml")
         files[-1].write_text(tcgen05_catalog(pipeline))
     project = fixture_project(base / "project", files)
+    result = run_build(project, base / "artifacts", base / "cache", jobs=2)
+    assert result.ok, [r.error for b in result.bundles for r in b.failed]
+    return result
+
+
+@pytest.fixture(scope="session")
+def fp4_build(tmp_path_factory):
+    """FP4_KERNELS built into the sm100a, sm103a and sm107a bundles."""
+    base = tmp_path_factory.mktemp("fp4")
+    (base / "sm100.yaml").write_text(tcgen05_catalog("sm100", FP4_KERNELS))
+    project = fixture_project(base / "project", [base / "sm100.yaml"])
     result = run_build(project, base / "artifacts", base / "cache", jobs=2)
     assert result.ok, [r.error for b in result.bundles for r in b.failed]
     return result

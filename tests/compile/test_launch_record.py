@@ -151,7 +151,7 @@ def run_kernel(recorded: Recorded, kernel_id: str, problems=PROBLEMS) -> tuple[l
     cfg = ctx.entry.config
     recorded.configure(recorded.records[kernel_id].info.static_smem_bytes,
                        ctx.facts.require("smem_per_block_optin"))
-    requested = tuple((f.name, spec.codec.plain(getattr(cfg, f.name))) for f, spec in requested_fields()
+    requested = tuple((f.name, spec.codec.request(getattr(cfg, f.name))) for f, spec in requested_fields()
                       if getattr(cfg, f.name) != f.default)
     pairs = []
     for m, n, k, batch in problems:

@@ -47,7 +47,7 @@ def requested_of(kernel):
     from tilekiln.spec import requested_fields
 
     cfg = kernel.config
-    return tuple((f.name, spec.codec.plain(getattr(cfg, f.name))) for f, spec in requested_fields()
+    return tuple((f.name, spec.codec.request(getattr(cfg, f.name))) for f, spec in requested_fields()
                  if getattr(cfg, f.name) != f.default)
 
 

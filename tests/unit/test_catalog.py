@@ -186,3 +186,15 @@ def test_every_number_and_boolean_of_the_shipped_files_is_refused_quoted(root, p
                 model.model_validate(data)
             located = {d.location.path for d in diagnostics_from_validation(info.value, doc, "X", model)}
             assert format_path(where) in located, (path.name, where, located)
+
+
+def test_block_scaled_configs_have_their_own_template():
+    """On sm100 two templates implement gemm: a config with block_scale is sm100_blockscaled's, one
+    without sm100_gemm's, so neither is ambiguous (TEMPLATE-AMBIGUOUS)."""
+    from builder.load.templates import load_templates
+    from tests.fixture_catalogs import ROOT
+
+    templates = load_templates(ROOT / "templates")
+    assert [t.name for t in templates.serving("sm100", "gemm")] == ["sm100_gemm"]
+    assert [t.name for t in templates.serving("sm100", "gemm", block_scaled=True)] == ["sm100_blockscaled"]
+    assert templates.serving("sm90", "gemm", block_scaled=True) == ()

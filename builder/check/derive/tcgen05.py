@@ -23,6 +23,18 @@ half the lanes, so two stages share N columns (64x128, 2 stages: 128); a
 (2-CTA 128x128: 64 per stage). The allocation is a power of two of at least
 ``tmem_alloc_min_columns``, or every column when the pipeline allows an
 exclusive allocation above ``tmem_exclusive_above``.
+
+A block-scaled kernel (``templates/sm100_blockscaled.py.j2``) also holds one
+stage's scale factors of A and B in tensor memory, copied there from shared
+memory before its MMAs read them: per MMA instruction along K, one column per
+32 rows of A and per 32 of B's rows rounded up to a whole 128-row atom
+(``block_scale_atom_rows``; the DSL's ``make_tmem_layout_sfa/sfb``). Its
+accumulator stages are the template's, fewer if they and the scale factors do
+not fit the columns together. Its ``Storage`` struct puts the scale-factor
+rings (SFA then SFB, one 512-byte atom per 128 rows and 4 scale blocks)
+between the barriers and the A ring; under a CTA pair each CTA holds the
+scale factors of all of the tile's N (measured: 2-CTA 128x256x128 mxfp8,
+the traced struct equals the model).
 """
 
 from __future__ import annotations
@@ -55,6 +67,7 @@ class Tcgen05Plan:
     epi_stages: int
     acc_stages: int
     tmem_acc_columns: int
+    tmem_scale_columns: int  # a block-scaled kernel's scale factors of one stage (0 otherwise)
     tmem_alloc_columns: int
     stages: int  # resolved; 0 when not even one stage fits
     max_fitting_stages: int  # within the budget and the descriptor limit: what auto picks
@@ -77,6 +90,15 @@ def tmem_accumulator_columns(cta_m: int, n: int, cta_group: int, acc_stages: int
     return n * math.ceil(acc_stages * cta_m / lanes)
 
 
+def tmem_scale_columns(config: KernelConfig, facts: PipelineFacts, k_blocks: int) -> int:
+    """TMEM columns of one stage's scale factors of A and B, ``k_blocks`` MMAs along K (see module doc)."""
+    if config.block_scale is None:
+        return 0
+    rows = facts.require("block_scale_atom_rows")
+    t, lanes_per_column = config.tile, 32
+    return (t.m // lanes_per_column + align_up(t.n, rows) // lanes_per_column) * k_blocks
+
+
 def tmem_allocation(columns: int, facts: PipelineFacts) -> int:
     total = facts.require("tmem_columns")
     exclusive_above = facts.require("tmem_exclusive_above") if facts.has("tmem_exclusive_above") else total
@@ -95,7 +117,7 @@ def _epilogue_tile(config: KernelConfig, p: Tcgen05Parameters | None) -> tuple[i
 
 
 def tcgen05_smem(config: KernelConfig, facts: PipelineFacts, p: Tcgen05Parameters | None, stages: int,
-                 epi_m: int, epi_n: int) -> SmemUse:
+                 epi_m: int, epi_n: int, acc_stages: int = 0) -> SmemUse:
     align = facts.require("smem_buffer_alignment")
     mbar = facts.require("mbarrier_bytes")
     d, t, group = config.mma_dtypes, config.tile, config.cta_group
@@ -106,15 +128,17 @@ def tcgen05_smem(config: KernelConfig, facts: PipelineFacts, p: Tcgen05Parameter
         rows = facts.require("block_scale_atom_rows")
         blocks = math.ceil(t.k / config.block_scale.block)
         width = config.block_scale.scale.bits
-        scales = (align_up(t.m, rows) + align_up(t.n // group, rows)) * blocks * width // 8 * stages
+        # Each CTA holds the scale factors of all of B's tile N, also under a CTA pair (the MMA reads
+        # them from both CTAs' tensor memory).
+        scales = (align_up(t.m, rows) + align_up(t.n, rows)) * blocks * width // 8 * stages
     if p is None:
         barriers = 2 * stages * mbar
         dynamic, operand_end = storage_layout(barriers, a, b, 0, align, scales)
         return SmemUse(barriers, a, b, 0, dynamic, 0, operand_end, scales)
     # ring full/empty, accumulator full/empty, the TMEM dealloc mbarrier, then the 32-bit TMEM address
-    barriers = (2 * stages + 2 * p.acc_stages + 1) * mbar + 4
+    barriers = (2 * stages + 2 * (acc_stages or p.acc_stages) + 1) * mbar + 4
     epi = epi_m * epi_n * d.c.bits // 8 * p.epilogue_stages
-    dynamic, operand_end = storage_layout(barriers, a, b, epi, align)
+    dynamic, operand_end = storage_layout(barriers, a, b, epi, align, scales)
     return SmemUse(barriers, a, b, epi, dynamic, p.static_smem_bytes, operand_end, scales)
 
 
@@ -136,12 +160,18 @@ def plan_tcgen05(config: KernelConfig, facts: PipelineFacts, p: Tcgen05Parameter
     mma_k = facts.require("mma_k_bytes")
     epi_m, epi_n = _epilogue_tile(config, p)
     acc_stages = p.acc_stages if p is not None else 1
-    acc_columns = tmem_accumulator_columns(t.m, t.n, group, acc_stages, facts.require("tmem_lanes"))
+    lanes = facts.require("tmem_lanes")
+    k_blocks = k_bytes // mma_k if k_bytes % mma_k == 0 else 0
+    scale_columns = tmem_scale_columns(config, facts, k_blocks)
+    while (scale_columns and acc_stages > 1 and tmem_accumulator_columns(t.m, t.n, group, acc_stages, lanes)
+           + scale_columns > facts.require("tmem_columns")):
+        acc_stages -= 1
+    acc_columns = tmem_accumulator_columns(t.m, t.n, group, acc_stages, lanes)
     budget, budget_name = smem_budget(facts, p)
     limit = facts.require("smem_descriptor_limit")
 
     def use(stages: int) -> SmemUse:
-        return tcgen05_smem(config, facts, p, stages, epi_m, epi_n)
+        return tcgen05_smem(config, facts, p, stages, epi_m, epi_n, acc_stages)
 
     cap = p.max_stages if p is not None else None
     in_budget = _largest(lambda s: use(s).total <= budget, cap)
@@ -151,11 +181,11 @@ def plan_tcgen05(config: KernelConfig, facts: PipelineFacts, p: Tcgen05Parameter
     return Tcgen05Plan(
         has_template=p is not None, cta_group=group, b_rows=t.n // group, mma_m=t.m * group, mma_n=t.n,
         mma_k_bytes=mma_k, mma_k=mma_k * 8 // d.a.bits, cta_k_bytes=k_bytes,
-        k_blocks=k_bytes // mma_k if k_bytes % mma_k == 0 else 0,
+        k_blocks=k_blocks,
         threads=p.threads if p is not None else None,
         epi_m=epi_m, epi_n=epi_n, epi_stages=p.epilogue_stages if p is not None else 0,
-        acc_stages=acc_stages, tmem_acc_columns=acc_columns,
-        tmem_alloc_columns=tmem_allocation(acc_columns, facts),
+        acc_stages=acc_stages, tmem_acc_columns=acc_columns, tmem_scale_columns=scale_columns,
+        tmem_alloc_columns=tmem_allocation(acc_columns + scale_columns, facts),
         stages=stages, max_fitting_stages=fitting, max_budget_stages=in_budget,
         max_descriptor_stages=in_reach, smem=use(max(stages, 1)),
         smem_optin=facts.require("smem_per_block_optin"), smem_budget=budget, smem_budget_name=budget_name,

@@ -74,4 +74,4 @@ def summarize(ctx: KernelContext) -> dict[str, object]:
         "tmem_columns_allocated": p.tmem_alloc_columns,
         "tmem_columns_available": ctx.facts.require("tmem_columns"),
         "multicast_a_b": [p.mcast_a, p.mcast_b],
-    }
+    } | ({"tmem_scale_factor_columns": p.tmem_scale_columns} if p.tmem_scale_columns else {})

@@ -111,8 +111,10 @@ def check_tmem(ctx: KernelContext) -> Iterator[Diagnostic]:
         return
     cfg = ctx.entry.config
     total = ctx.facts.require("tmem_columns")
-    cols = plan.tmem_acc_columns
-    shape = f"{plan.acc_stages} accumulator stage(s) of {cfg.tile.m}x{cfg.tile.n}"
+    # A block-scaled kernel's scale factors share the columns with its accumulators.
+    cols = plan.tmem_acc_columns + plan.tmem_scale_columns
+    shape = f"{plan.acc_stages} accumulator stage(s) of {cfg.tile.m}x{cfg.tile.n}" + (
+        f" and {plan.tmem_scale_columns} columns of scale factors" if plan.tmem_scale_columns else "")
     if cols > total:
         per_stage = max(1, cols // plan.acc_stages)
         yield ctx.diag("TMEM-COLUMNS", "tile", f"{shape} need {cols} TMEM columns, over pipeline "

@@ -26,7 +26,9 @@ def check_targets(ctx: KernelContext) -> Iterator[Diagnostic]:
 @rule("TEMPLATE-SUPPORT", "a template serves the pipeline and implements the config")
 def check_template(ctx: KernelContext) -> Iterator[Diagnostic]:
     if ctx.template is None:
-        yield ctx.diag("TEMPLATE-SUPPORT", "pipeline", f"no template implements pipeline {ctx.facts.pipeline}; "
+        # Block-scaled kernels have templates of their own (TemplateSet.serving).
+        kind = "block-scaled kernels of " if ctx.entry.config.block_scale is not None else ""
+        yield ctx.diag("TEMPLATE-SUPPORT", "pipeline", f"no template implements {kind}pipeline {ctx.facts.pipeline}; "
                        "the rules checked the config against its facts, but nothing can build it",
                        f"write templates/<name>.py.j2 with a manifest for pipeline {ctx.facts.pipeline}, "
                        "or keep the config out of the default catalog")

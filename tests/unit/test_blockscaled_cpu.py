@@ -1,0 +1,281 @@
+"""Block-scaled formats on the CPU: the float64 reference of mxfp8, nvfp4 and mxfp4 against known
+values, the hardware scale layout against an independent index computation, and the checks of a
+call's scales. No GPU: this is the half of the block-scaled GEMM that can be verified here."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tilekiln import blockscaled as bs  # noqa: E402
+from tilekiln.spec import BLOCK_SCALE_FORMATS  # noqa: E402
+
+
+# -- element encodings ----------------------------------------------------------------------------
+
+
+def test_e2m1_rounds_to_nearest_with_ties_to_even_and_saturates():
+    x = torch.tensor([0.0, 0.25, 0.3, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.1, 7.0, 100.0, -0.5, -2.9, -6.5])
+    want = [0.0, 0.0, 0.5, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0, 6.0, 6.0, -0.5, -3.0, -6.0]
+    assert bs.e2m1_values(bs.e2m1_codes(x)).tolist() == want
+
+
+def test_e2m1_codes_are_the_ocp_encoding():
+    # sign in bit 3, then two exponent bits and one mantissa bit: 0b0111 = 6, 0b1001 = -0.5
+    codes = torch.arange(16, dtype=torch.uint8)
+    assert bs.e2m1_values(codes).tolist() == [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                                              -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def test_fp4_packs_the_even_element_into_the_low_nibble():
+    codes = torch.tensor([[1, 2, 7, 15]], dtype=torch.uint8)
+    packed = bs.pack_fp4(codes)
+    assert packed.tolist() == [[0x21, 0xF7]]
+    assert torch.equal(bs.unpack_fp4(packed), codes)
+
+
+def test_e8m0_is_a_biased_power_of_two():
+    scales = bs.e8m0(torch.tensor([0, 1, -3, 127, -127]))
+    assert scales.view(torch.uint8).tolist() == [127, 128, 124, 254, 0]
+    assert bs.e8m0_values(scales).tolist() == [1.0, 2.0, 0.125, 2.0 ** 127, 2.0 ** -127]
+    assert torch.isnan(bs.e8m0_values(torch.tensor([255], dtype=torch.uint8).view(torch.float8_e8m0fnu))).all()
+
+
+# -- quantization against known values ------------------------------------------------------------
+
+
+def test_mxfp8_scale_is_the_shared_exponent_of_the_block():
+    # amax 10: floor(log2 10) = 3, minus e4m3's emax 8: scale 2**-5; elements x * 32.
+    x = torch.zeros(1, 32, dtype=torch.float64)
+    x[0, :4] = torch.tensor([10.0, -1.0, 0.5, 3.0])
+    elements, scales = bs.quantize(x, "mxfp8")
+    assert scales.dtype == torch.float8_e8m0fnu and scales.view(torch.uint8).tolist() == [[127 - 5]]
+    assert elements.dtype == torch.float8_e4m3fn
+    assert elements.double()[0, :4].tolist() == [320.0, -32.0, 16.0, 96.0]
+    assert torch.equal(bs.dequantize(elements, scales, "mxfp8")[0, :4], x[0, :4])
+
+
+def test_mxfp8_saturates_at_448_and_rounds_elements_to_e4m3():
+    # amax 500: scale 2**(8 - 8) = 1, so 500 saturates to 448; 17 rounds to 16 (ties to even).
+    x = torch.zeros(1, 32, dtype=torch.float64)
+    x[0, :2] = torch.tensor([500.0, 17.0])
+    elements, scales = bs.quantize(x, "mxfp8")
+    assert bs.e8m0_values(scales).tolist() == [[1.0]]
+    assert elements.double()[0, :2].tolist() == [448.0, 16.0]
+
+
+def test_an_all_zero_block_gets_the_smallest_scale_and_zero_elements():
+    for name in BLOCK_SCALE_FORMATS:
+        block = BLOCK_SCALE_FORMATS[name].scale.block
+        elements, scales = bs.quantize(torch.zeros(2, block), name)
+        assert (bs.dequantize(elements, scales, name) == 0).all(), name
+
+
+def test_mxfp4_scale_and_elements():
+    # amax 6: floor(log2 6) = 2, minus e2m1's emax 2: scale 1; 2.6 rounds to 3, -0.7 to -0.5.
+    x = torch.zeros(1, 32, dtype=torch.float64)
+    x[0, :3] = torch.tensor([6.0, 2.6, -0.7])
+    elements, scales = bs.quantize(x, "mxfp4")
+    assert scales.view(torch.uint8).tolist() == [[127]] and elements.dtype == torch.uint8
+    assert bs.dequantize(elements, scales, "mxfp4")[0, :3].tolist() == [6.0, 3.0, -0.5]
+    # amax 96: scale 2**(6 - 2) = 16; 96 / 16 = 6, 20 / 16 = 1.25 -> 1 (ties to even).
+    x[0, :3] = torch.tensor([96.0, 20.0, 0.0])
+    elements, scales = bs.quantize(x, "mxfp4")
+    assert bs.e8m0_values(scales).tolist() == [[16.0]]
+    assert bs.dequantize(elements, scales, "mxfp4")[0, :3].tolist() == [96.0, 16.0, 0.0]
+
+
+def test_nvfp4_scale_is_amax_over_6_in_e4m3():
+    # amax 12: scale 2 (exact in e4m3); 12 / 2 = 6, 5 / 2 = 2.5 -> 2, -1 / 2 = -0.5.
+    x = torch.zeros(1, 16, dtype=torch.float64)
+    x[0, :3] = torch.tensor([12.0, 5.0, -1.0])
+    elements, scales = bs.quantize(x, "nvfp4")
+    assert scales.dtype == torch.float8_e4m3fn and scales.double().tolist() == [[2.0]]
+    assert bs.dequantize(elements, scales, "nvfp4")[0, :3].tolist() == [12.0, 4.0, -1.0]
+    # amax 7: 7 / 6 = 1.1667 rounds to e4m3 1.125; 7 / 1.125 = 6.22 saturates to 6.
+    x[0, :3] = torch.tensor([7.0, 0.0, 0.0])
+    elements, scales = bs.quantize(x, "nvfp4")
+    assert scales.double().tolist() == [[1.125]]
+    assert bs.dequantize(elements, scales, "nvfp4")[0, 0].item() == 6.75
+
+
+@pytest.mark.parametrize("name", sorted(BLOCK_SCALE_FORMATS))
+def test_quantization_error_is_within_half_an_element_step(name):
+    g = torch.Generator().manual_seed(7)
+    # Magnitudes whose nvfp4 scales (amax / 6) are normal e4m3 numbers; smaller ones need the
+    # per-tensor scale nvfp4 recipes put in front, which is the caller's.
+    x = torch.randn(8, 256, generator=g, dtype=torch.float64) * torch.logspace(0, 2, 8, dtype=torch.float64)[:, None]
+    elements, scales = bs.quantize(x, name)
+    block = BLOCK_SCALE_FORMATS[name].scale.block
+    err = (bs.dequantize(elements, scales, name) - x).abs()
+    # Relative to each block's largest magnitude: e4m3 keeps 3 mantissa bits (2**-4 of a step
+    # near amax, saturation at 448 of [256, 512)), e2m1 one.
+    amax = x.abs().reshape(8, -1, block).amax(-1).repeat_interleave(block, -1)
+    bound = 0.125 if BLOCK_SCALE_FORMATS[name].data.value == "e4m3" else 0.25
+    assert (err <= bound * amax + 1e-300).all()
+
+
+def test_reference_mm_is_the_product_of_the_dequantized_operands():
+    g = torch.Generator().manual_seed(3)
+    a, w = torch.randn(5, 64, generator=g), torch.randn(3, 64, generator=g)
+    qa, sa = bs.quantize(a, "mxfp8")
+    qw, sw = bs.quantize(w, "mxfp8")
+    got = bs.reference_mm(qa, sa, qw, sw, "mxfp8")
+    want = torch.zeros(5, 3, dtype=torch.float64)
+    da, dw = bs.dequantize(qa, sa, "mxfp8"), bs.dequantize(qw, sw, "mxfp8")
+    for i in range(5):
+        for j in range(3):
+            want[i, j] = sum(da[i, k].item() * dw[j, k].item() for k in range(64))
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+# -- the hardware layout --------------------------------------------------------------------------
+
+
+def _offset(row: int, block: int, blocks: int) -> int:
+    """Byte offset of scale (row, block) in the tcgen05 layout, from the PTX ISA's description of
+    the scale-factor atom: 128-row x 4-block atoms of 512 B in row-band-major order, and in an
+    atom 32 lines of 16 B, line r % 32 holding rows r % 32 + 32 q for q = 0..3, 4 blocks each."""
+    groups = -(-blocks // 4)
+    atom = (row // 128) * groups + block // 4
+    return atom * 512 + (row % 32) * 16 + ((row % 128) // 32) * 4 + block % 4
+
+
+@pytest.mark.parametrize("rows,blocks", [(1, 1), (128, 4), (130, 5), (300, 12), (77, 3)])
+def test_to_blocked_puts_each_scale_where_the_hardware_reads_it(rows, blocks):
+    g = torch.Generator().manual_seed(rows * 31 + blocks)
+    scales = torch.randint(1, 255, (rows, blocks), generator=g, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    blocked = bs.to_blocked(scales)
+    assert blocked.dtype == scales.dtype and blocked.is_contiguous()
+    assert tuple(blocked.shape) == (-(-rows // 128), -(-blocks // 4), 32, 4, 4)
+    flat = blocked.view(torch.uint8).flatten()
+    raw = scales.view(torch.uint8)
+    seen = set()
+    for r in range(rows):
+        for b in range(blocks):
+            at = _offset(r, b, blocks)
+            assert flat[at].item() == raw[r, b].item(), (r, b, at)
+            seen.add(at)
+    # every other byte is padding, zero
+    assert all(flat[i].item() == 0 for i in range(flat.numel()) if i not in seen)
+    assert torch.equal(bs.from_blocked(blocked, rows, blocks).view(torch.uint8), raw)
+
+
+def test_blocked_shape_counts_whole_atoms():
+    assert bs.blocked_shape(129, 256, "mxfp8") == (2, 2, 32, 4, 4)
+    assert bs.blocked_shape(128, 256, "nvfp4") == (1, 4, 32, 4, 4)
+    assert bs.blocked_shape(1, 128, "mxfp4") == (1, 1, 32, 4, 4)
+
+
+# -- a call's checks ------------------------------------------------------------------------------
+
+
+def _operands(m=130, n=200, k=256):
+    a = torch.zeros(m, k, dtype=torch.float8_e4m3fn)
+    w = torch.zeros(n, k, dtype=torch.float8_e4m3fn)
+    sa = bs.to_blocked(torch.zeros(m, k // 32, dtype=torch.float8_e8m0fnu))
+    sw = bs.to_blocked(torch.zeros(n, k // 32, dtype=torch.float8_e8m0fnu))
+    return a, w.t(), sa, sw
+
+
+def test_well_formed_scales_pass():
+    bs.check_block_scales(*_operands(), "mxfp8")
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda a, b, sa, sb: (a, b, sa.view(torch.uint8), sb), r"scale_a: dtype torch\.uint8, not torch\.float8_e8m0fnu"),
+    (lambda a, b, sa, sb: (a, b, sa, sb[:1]), r"scale_b: shape \[1, 2, 32, 4, 4\], not \[2, 2, 32, 4, 4\]"),
+    (lambda a, b, sa, sb: (a, b, bs.from_blocked(sa, 130, 8), sb), r"scale_a: shape \[130, 8\].*to_blocked"),
+    (lambda a, b, sa, sb: (a, b, sa.transpose(2, 3), sb), r"scale_a: shape \[2, 2, 4, 32, 4\]"),
+    (lambda a, b, sa, sb: (a, b, sa, sb.permute(1, 0, 2, 3, 4).contiguous().permute(1, 0, 2, 3, 4)),
+     r"scale_b: strides .* not contiguous"),
+    (lambda a, b, sa, sb: (a, b, 1.0, sb), r"scale_a: expected a torch\.float8_e8m0fnu CUDA tensor"),
+    (lambda a, b, sa, sb: (a[:, :96], b[:96], sa, sb), r"a: K = 96 is not a multiple of 128"),
+    (lambda a, b, sa, sb: (a, b.t().contiguous().t().contiguous(), sa, sb), r"b: mxfp8 scaled_gemm takes b K-major"),
+    (lambda a, b, sa, sb: (a[None], b, sa, sb), r"a: mxfp8 scaled_gemm takes 2-D operands"),
+])
+def test_malformed_scales_are_refused_naming_the_argument(change, match):
+    args = change(*_operands())
+    with pytest.raises((ValueError, TypeError), match=match):
+        bs.check_block_scales(*args, "mxfp8")
+
+
+def test_an_unknown_format_is_refused():
+    with pytest.raises(ValueError, match="scale_format: 'fp6' is not a block-scaled format"):
+        bs.format_of("fp6")
+
+
+# -- the runtime's choice and refusals ------------------------------------------------------------
+
+
+def _record(index, kernel_id, **config):
+    import dataclasses
+
+    from tests.records import kernel_record
+
+    record = kernel_record(index, kernel_id, (128, 256, 128), dtypes=("e4m3", "e4m3", "f32", "bf16"), div=16)
+    return dataclasses.replace(record, config=dataclasses.replace(record.config, pipeline="sm100", **config))
+
+
+def _problem(requested):
+    from tilekiln._tensors import Operand
+    from tilekiln.problem import make_problem
+
+    a = Operand("a", (256, 512), (512, 1), "e4m3", 1 << 20, 0, None)
+    b = Operand("b", (512, 384), (1, 512), "e4m3", 1 << 21, 0, None)
+    return make_problem(a, b, None, "bf16", requested)
+
+
+def test_an_mxfp8_call_runs_only_on_an_mxfp8_kernel():
+    from tilekiln.select import check_kernel
+    from tilekiln.spec import BlockScale, DType
+
+    mx = _record(0, "mx", block_scale=BlockScale(DType("e8m0"), 32))
+    dense = _record(1, "dense")
+    asked = _problem(bs.block_request("mxfp8"))
+    assert bs.block_request("mxfp8") == (("block_scale", "sfe8m0x32"),)
+    assert check_kernel(mx, asked) is None
+    assert check_kernel(dense, asked) == "block_scale: kernel computes None, the call asks for sfe8m0x32"
+    # and a per-tensor scaled call never runs on the block-scaled kernel
+    assert check_kernel(mx, _problem(())) == "block_scale: kernel computes sfe8m0x32, the call asks for None"
+    assert check_kernel(dense, _problem(())) is None
+    assert bs.requested_format(bs.block_request("mxfp8")) == "mxfp8" and bs.requested_format(()) is None
+
+
+def test_a_bundle_without_block_scaled_kernels_refuses_with_the_arch_message(tmp_path):
+    from tilekiln._torch import _check_block_kernels
+    from tilekiln.bundle import Bundle, DeviceInfo
+    from tilekiln.errors import NoKernelError
+    from tests.records import manifest
+
+    hopper = Bundle(tmp_path, manifest((_record(0, "dense"),)),
+                    device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+    with pytest.raises(NoKernelError, match=r"scale_format='mxfp8': bundle sm90a \(sm_90a\) has no mxfp8 kernels; "
+                                            r"the block-scaled tcgen05 MMA exists on compute capability 10\.x"):
+        _check_block_kernels(hopper, "mxfp8")
+
+
+def test_scale_format_names_the_block_scaled_formats():
+    from tilekiln.blockwise import scale_format_token
+
+    assert scale_format_token("mxfp8") == "mxfp8"
+    with pytest.raises(ValueError, match="scale_format: 'nvfp4' takes packed fp4 operands"):
+        scale_format_token("nvfp4")
+    with pytest.raises(ValueError, match="'tensor', 'rowwise', 'blockwise', 'mxfp8'"):
+        scale_format_token("mx")
+
+
+def test_elements_of_another_type_are_refused():
+    a, b, sa, sb = _operands()
+    with pytest.raises(TypeError, match=r"a: mxfp8 takes torch\.float8_e4m3fn elements, got torch\.bfloat16"):
+        bs.check_block_scales(a.to(torch.bfloat16), b, sa, sb, "mxfp8")
+
+
+def test_an_mxfp8_call_asks_for_its_block_scale_and_its_bias():
+    from tilekiln._torch import _scaled_request
+
+    a, b, _, _ = _operands()
+    assert _scaled_request(a, b, "mxfp8", None, None, None) == (("block_scale", "sfe8m0x32"),)
+    bias = torch.zeros(b.shape[1], dtype=torch.float32)
+    assert _scaled_request(a, b, "mxfp8", None, None, bias) == (("block_scale", "sfe8m0x32"), ("bias", "f32"))

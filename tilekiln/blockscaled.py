@@ -1,0 +1,276 @@
+"""Block-scaled formats (mxfp8, nvfp4, mxfp4): a CPU float64 reference of each, the scale-factor
+layout the tcgen05 block-scaled MMA reads, and the checks of a ``scaled_gemm`` call's scales.
+
+A block-scaled operand is a matrix of narrow elements and one scale factor per ``block``
+consecutive elements of a row along K (tilekiln/spec.py, BLOCK_SCALE_FORMATS):
+
+* mxfp8 (OCP MX): e4m3 elements, an e8m0 (power-of-two) scale per 32;
+* mxfp4 (OCP MX): e2m1 elements, an e8m0 scale per 32;
+* nvfp4: e2m1 elements, an e4m3 scale per 16.
+
+The value of element (r, k) is ``element * scale[r, k // block]``. Scales are made row-major,
+(rows, K / block); the kernels read them in the hardware's layout (docs/runtime.md), which
+:func:`to_blocked` makes: rows padded to 128 and scale blocks to 4, cut into 512-byte atoms
+of 128 rows x 4 blocks, atoms in row-band-major, block-minor order; inside an atom, row r and
+block j sit at byte ``(r % 32) * 16 + (r // 32) * 4 + j``. Its shape, (ceil(rows / 128),
+ceil(K / block / 4), 32, 4, 4), spells that order, so a contiguous tensor of it is the layout.
+
+e2m1 elements are held here as one 4-bit code per uint8 (sign in bit 3); :func:`pack_fp4`
+packs two per byte, the even element in the low nibble, as torch.float4_e2m1fn_x2 holds them.
+Pure torch; the reference runs on any device in float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tilekiln.spec import BLOCK_SCALE_FORMATS, DTYPES, BlockScaleCodec
+
+# Rows and scale blocks (along K) of one scale-factor atom (catalog/hardware/sm100.yaml:
+# block_scale_atom_rows, block_scale_atom_k_blocks); 32 rows per 16-byte line.
+ATOM_ROWS, ATOM_BLOCKS, ATOM_LINES = 128, 4, 32
+
+# The magnitudes of the e2m1 codes 0-7 (code 8-15: the same, negative).
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+# Largest magnitudes of the element types, and the exponent of each one's largest power of two
+# (OCP MX's emax_elem: the shared exponent is floor(log2(amax)) - emax).
+_MAX = {"e4m3": 448.0, "e2m1": 6.0}
+_EMAX = {"e4m3": 8, "e2m1": 2}
+E8M0_BIAS = 127
+
+# The formats scaled_gemm takes: mxfp8. nvfp4 and mxfp4 operands are packed two e2m1 elements per
+# byte, which the runtime's operand description (one element per addressable unit) cannot spell;
+# the template builds their kernels (census-checked in the tests) and the reference here covers them.
+RUNTIME_BLOCK_FORMATS = ("mxfp8",)
+
+
+def format_of(name: str):
+    """The :data:`~tilekiln.spec.BLOCK_SCALE_FORMATS` entry ``name``; ValueError naming the argument."""
+    if name not in BLOCK_SCALE_FORMATS:
+        raise ValueError(f"scale_format: {name!r} is not a block-scaled format "
+                         f"({', '.join(map(repr, BLOCK_SCALE_FORMATS))})")
+    return BLOCK_SCALE_FORMATS[name]
+
+
+def scale_dtype(name: str) -> torch.dtype:
+    """The torch dtype of ``name``'s scale factors."""
+    return torch.float8_e8m0fnu if format_of(name).scale.scale.value == "e8m0" else torch.float8_e4m3fn
+
+
+# -- element and scale encodings ------------------------------------------------------------------
+
+
+def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
+    """``x`` rounded to e2m1 (nearest, ties to the even code, saturating at 6) as uint8 codes."""
+    values = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=x.device)
+    mag = x.double().abs().clamp(max=_MAX["e2m1"])
+    dist = (mag.unsqueeze(-1) - values).abs()
+    best = dist.min(dim=-1, keepdim=True).values
+    # Among equally near codes (a tie), the even one: add the code's low bit as a tie-breaker.
+    codes = torch.arange(8, device=x.device)
+    score = torch.where(dist == best, (codes & 1).to(torch.float64), torch.inf)
+    code = score.argmin(dim=-1).to(torch.uint8)
+    return torch.where(x.double() < 0, code | 8, code)
+
+
+def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
+    """The float64 values of uint8 e2m1 codes."""
+    values = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=codes.device)
+    mag = values[(codes & 7).long()]
+    return torch.where((codes & 8) != 0, -mag, mag)
+
+
+def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
+    """(…, K) uint8 e2m1 codes -> (…, K / 2) uint8, element 2i in the low nibble of byte i."""
+    if codes.shape[-1] % 2:
+        raise ValueError(f"codes: the last dimension ({codes.shape[-1]}) must be even to pack two per byte")
+    return (codes[..., 0::2] & 15) | ((codes[..., 1::2] & 15) << 4)
+
+
+def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`pack_fp4`."""
+    return torch.stack((packed & 15, packed >> 4), dim=-1).flatten(-2)
+
+
+def e8m0(exponents: torch.Tensor) -> torch.Tensor:
+    """Power-of-two scales 2**exponents (integers in [-127, 127]) as torch.float8_e8m0fnu."""
+    return (exponents.to(torch.int32) + E8M0_BIAS).to(torch.uint8).view(torch.float8_e8m0fnu)
+
+
+def e8m0_values(scales: torch.Tensor) -> torch.Tensor:
+    """The float64 values of float8_e8m0fnu scales (2**(bits - 127); bits 255 is NaN)."""
+    bits = scales.view(torch.uint8).to(torch.float64)
+    return torch.where(bits == 255, torch.nan, torch.exp2(bits - E8M0_BIAS))
+
+
+def _scale_values(name: str, scales: torch.Tensor) -> torch.Tensor:
+    if format_of(name).scale.scale.value == "e8m0":
+        return e8m0_values(scales)
+    return scales.to(torch.float64)
+
+
+# -- the float64 reference ------------------------------------------------------------------------
+
+
+def quantize(x: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(elements, scales)`` of ``x`` (…, K) in format ``name``; K a multiple of its block.
+
+    MX formats (OCP MX 1.0): a block's scale is 2**(floor(log2(amax)) - emax) of its largest
+    magnitude amax (2**-127 for an all-zero block), and each element is x / scale rounded to
+    the element type, saturating. nvfp4: the scale is amax / 6 rounded to e4m3, and each element
+    x / scale rounded to e2m1 (0 where the scale is 0). Elements: float8_e4m3fn (mxfp8) or uint8
+    e2m1 codes; scales: float8_e8m0fnu or float8_e4m3fn, (…, K / block) row-major."""
+    fmt = format_of(name)
+    block, data = fmt.scale.block, fmt.data.value
+    if x.shape[-1] % block:
+        raise ValueError(f"x: K = {x.shape[-1]} is not a multiple of the {name} block of {block}")
+    blocks = x.double().reshape(*x.shape[:-1], x.shape[-1] // block, block)
+    amax = blocks.abs().amax(dim=-1)
+    if fmt.scale.scale.value == "e8m0":
+        exp = torch.floor(torch.log2(amax.clamp(min=2.0 ** -E8M0_BIAS))) - _EMAX[data]
+        exp = exp.clamp(-E8M0_BIAS, E8M0_BIAS)
+        scales = e8m0(exp)
+        scale_values = torch.exp2(exp)
+    else:
+        scales = (amax / _MAX[data]).clamp(max=_MAX["e4m3"]).to(torch.float8_e4m3fn)
+        scale_values = scales.to(torch.float64)
+    safe = torch.where(scale_values == 0, 1.0, scale_values)
+    scaled = torch.where(scale_values.unsqueeze(-1) == 0, 0.0, blocks / safe.unsqueeze(-1)).reshape(x.shape)
+    if data == "e4m3":
+        elements = scaled.clamp(-_MAX[data], _MAX[data]).to(torch.float8_e4m3fn)
+    else:
+        elements = e2m1_codes(scaled)
+    return elements, scales
+
+
+def dequantize(elements: torch.Tensor, scales: torch.Tensor, name: str) -> torch.Tensor:
+    """``elements * scales`` per block, in float64: the operand a block-scaled GEMM multiplies."""
+    fmt = format_of(name)
+    values = e2m1_values(elements) if fmt.data.value == "e2m1" else elements.to(torch.float64)
+    return values * _scale_values(name, scales).repeat_interleave(fmt.scale.block, dim=-1)
+
+
+def reference_mm(a: torch.Tensor, scale_a: torch.Tensor, w: torch.Tensor, scale_w: torch.Tensor,
+                 name: str) -> torch.Tensor:
+    """The float64 product of block-scaled ``a`` (M, K) and ``w`` (N, K) transposed: what
+    ``scaled_gemm(a, w.t(), blocked scale_a, blocked scale_w, scale_format=name)`` computes
+    before it rounds to its output type."""
+    return dequantize(a, scale_a, name) @ dequantize(w, scale_w, name).t()
+
+
+# -- the hardware layout --------------------------------------------------------------------------
+
+
+def blocked_shape(rows: int, k: int, name: str) -> tuple[int, int, int, int, int]:
+    """The shape of :func:`to_blocked`'s result for the scales of a (rows, K) operand."""
+    blocks = k // format_of(name).scale.block
+    return (math.ceil(rows / ATOM_ROWS), math.ceil(blocks / ATOM_BLOCKS), ATOM_LINES, ATOM_ROWS // ATOM_LINES,
+            ATOM_BLOCKS)
+
+
+def to_blocked(scales: torch.Tensor) -> torch.Tensor:
+    """Row-major (rows, K / block) scales in the layout the tcgen05 block-scaled MMA reads (module
+    doc): a contiguous (ceil(rows / 128), ceil(blocks / 4), 32, 4, 4) tensor of the same dtype
+    and device, padding zero."""
+    if scales.dim() != 2:
+        raise ValueError(f"scales: expected row-major (rows, K / block) scale factors, got shape "
+                         f"{list(scales.shape)}")
+    rows, blocks = scales.shape
+    bands, groups = math.ceil(rows / ATOM_ROWS), math.ceil(blocks / ATOM_BLOCKS)
+    raw = scales.view(torch.uint8)
+    padded = torch.zeros(bands * ATOM_ROWS, groups * ATOM_BLOCKS, dtype=torch.uint8, device=scales.device)
+    padded[:rows, :blocks] = raw
+    # padded[band * 128 + quarter * 32 + line, group * 4 + j] -> [band, group, line, quarter, j]
+    out = padded.view(bands, ATOM_ROWS // ATOM_LINES, ATOM_LINES, groups, ATOM_BLOCKS).permute(0, 3, 2, 1, 4)
+    return out.contiguous().view(scales.dtype)
+
+
+def from_blocked(blocked: torch.Tensor, rows: int, blocks: int) -> torch.Tensor:
+    """The inverse of :func:`to_blocked`: the row-major (rows, blocks) scales."""
+    bands, groups = blocked.shape[:2]
+    raw = blocked.view(torch.uint8).permute(0, 3, 2, 1, 4).reshape(bands * ATOM_ROWS, groups * ATOM_BLOCKS)
+    return raw[:rows, :blocks].contiguous().view(blocked.dtype)
+
+
+# -- a call's checks ------------------------------------------------------------------------------
+
+
+def block_request(name: str) -> tuple[tuple[str, object], ...]:
+    """What a ``scale_format=name`` call asks of a kernel (GemmProblem.requested): its block scale."""
+    return (("block_scale", BlockScaleCodec().request(format_of(name).scale)),)
+
+
+def requested_format(requested: tuple[tuple[str, object], ...]) -> str | None:
+    """The block-scaled format (of :data:`RUNTIME_BLOCK_FORMATS`) a call's ``requested`` asks for, or None."""
+    asked = dict(requested).get("block_scale")
+    if asked is None:
+        return None
+    return next(name for name in RUNTIME_BLOCK_FORMATS if block_request(name)[0][1] == asked)
+
+
+def check_block_scales(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b, name: str) -> None:
+    """Check a block-scaled call's operands and scales; an error names the argument, what is wrong
+    and how to fix it. ``a`` (M, K) and ``b`` (K, N) K-major (``weight.t()``), ``scale_a`` and
+    ``scale_b`` :func:`to_blocked` of their row-major scales (of a and of weight)."""
+    check_block_operands(a, b, name)
+    check_block_scale_tensors(a, b, scale_a, scale_b, name)
+
+
+def check_block_operands(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
+    """The operands' part of :func:`check_block_scales`: element type, 2-D, K, B's majorness."""
+    fmt = format_of(name)
+    block, step = fmt.scale.block, ATOM_BLOCKS * fmt.scale.block
+    element = getattr(torch, DTYPES[fmt.data.value].torch)
+    for which, t in (("a", a), ("b", b)):
+        if t.dtype != element:
+            raise TypeError(f"{which}: {name} takes {element} elements, got {t.dtype}; quantize it with "
+                            f"tilekiln.blockscaled.quantize(x, {name!r})")
+    for which, t in (("a", a), ("b", b)):
+        if t.dim() != 2:
+            raise ValueError(f"{which}: {name} scaled_gemm takes 2-D operands a (M, K) and b (K, N), got "
+                             f"{which} of shape {list(t.shape)}")
+    k = a.shape[1]
+    if k % step:
+        raise ValueError(f"a: K = {k} is not a multiple of {step}; {name} kernels read scale factors in groups of "
+                         f"{ATOM_BLOCKS} blocks of {block} (pad K with zeros to a multiple of {step})")
+    if b.shape[0] > 1 and b.stride(0) != 1:
+        raise ValueError(f"b: {name} scaled_gemm takes b K-major, a (N, K) row-major weight's transpose "
+                         f"(weight.t()); got strides {list(b.stride())}")
+
+
+def check_block_scale_tensors(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b, name: str) -> None:
+    """The scales' part of :func:`check_block_scales`: dtype, blocked shape, contiguity, device."""
+    fmt = format_of(name)
+    block = fmt.scale.block
+    m, k = a.shape
+    n = b.shape[1]
+    device = a.get_device()
+    dtype = scale_dtype(name)
+    for which, scale, rows, source in (("scale_a", scale_a, m, "a's"), ("scale_b", scale_b, n, "the weight's")):
+        shape = blocked_shape(rows, k, name)
+        fix = (f"pass to_blocked(s) of {source} row-major ({rows}, {k // block}) {fmt.scale.scale.value} scales "
+               f"(tilekiln.blockscaled.to_blocked)")
+        if not isinstance(scale, torch.Tensor):
+            raise TypeError(f"{which}: expected a {dtype} CUDA tensor of shape {list(shape)}; got "
+                            f"{type(scale).__name__}; {fix}")
+        problems = []
+        if scale.dtype != dtype:
+            problems.append(f"dtype {scale.dtype}, not {dtype}")
+        if tuple(scale.shape) != shape:
+            problems.append(f"shape {list(scale.shape)}, not {list(shape)}")
+        elif not scale.is_contiguous():
+            problems.append(f"strides {list(scale.stride())}: not contiguous, so not the hardware's layout")
+        if scale.get_device() != device:
+            problems.append(f"on {scale.device}, not the inputs' device")
+        if problems:
+            raise ValueError(f"{which}: {'; '.join(problems)}; {fix}")
+
+
+def check_scale_pointers(scale_a: torch.Tensor, scale_b: torch.Tensor) -> None:
+    """The scale factors' base addresses are 16-byte aligned, as TMA reads them (every call)."""
+    for which, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if scale.data_ptr() % 16:
+            raise ValueError(f"{which}: data pointer is not 16-byte aligned (a view at an offset); pass a fresh "
+                             "tensor from to_blocked")
