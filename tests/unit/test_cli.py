@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import click
@@ -197,3 +198,13 @@ def test_the_readme_synopsis_names_every_option_of_every_command():
                if isinstance(p, click.Option) and "--help" not in p.opts
                and not any(f"{opt} " in synopsis or f"{opt}]" in synopsis for opt in p.opts)]
     assert not missing, "add these to README's command-line synopsis"
+
+
+def test_no_tracked_text_file_holds_a_merge_conflict_marker():
+    """A merge left docs/runtime.md with its conflict markers once; git does not refuse the commit."""
+    files = subprocess.run(["git", "ls-files", "*.md", "*.py", "*.j2", "*.yaml", "*.toml", "*.c", "Makefile"],
+                           cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    marked = [f"{name}:{number}" for name in files if (ROOT / name).is_file()
+              for number, line in enumerate((ROOT / name).read_text(errors="replace").splitlines(), 1)
+              if line.startswith(("<<<<<<< ", ">>>>>>> ")) or line == "======="]
+    assert not marked, f"resolve the conflicts at {marked}"
