@@ -459,15 +459,17 @@ class Bundle:
         return torch_path().grouped_gemm(self, a, b, masked_m, scale_a, scale_b, out, stream, kernel, masked=True)
 
     def launch(self, plan: Plan, pa: int, pb: int, pc: int, stream: int, scale_a: int = 0,
-               scale_b: int = 0, bias: int = 0, residual: int = 0) -> None:
+               scale_b: int = 0, bias: int = 0, residual: int = 0, scale_result: int = 0) -> None:
         """Launch a plan made by :meth:`plan` (which loaded its kernel on its device); ``bias``: the
         address of the (N,) bias vector, read only by a kernel that adds one; ``residual``: the
-        address of an (M, N) residual at C's strides, read only by a kernel that adds one."""
+        address of an (M, N) residual at C's strides, read only by a kernel that adds one;
+        ``scale_result``: the address of one float32, read only by a kernel with an 8-bit float C."""
         if (pa | pb | pc) & plan.align_mask:
             raise_misaligned(pa, pb, pc, plan.align_mask + 1)
         lib = self._lib
         buf = lib.call_buffer(plan.family)
-        _native.CALL[plan.family].pack_into(buf, 0, pa, pb, pc, scale_a, scale_b, bias, residual, stream)
+        _native.CALL[plan.family].pack_into(buf, 0, pa, pb, pc, scale_a, scale_b, bias, residual, scale_result,
+                                              stream)
         status = lib.run[plan.family](plan.block, buf)
         if status:
             raise LaunchError(plan.kernel_id, lib.error_name(status), lib.error_string(status))
