@@ -456,6 +456,12 @@ def linear(bundle, x: Tensor, weight: Tensor, bias: Tensor | None, activation, r
             y = add_bias(y, bias)
         y = ACTIVATIONS[act](y)
     elif _is_compiling():
+        n = weight.shape[0]
+        if isinstance(residual, Tensor) and tuple(residual.shape) == (*x.shape[:-1], n) \
+                and residual.dtype == x.dtype and residual.device == x.device:
+            # The graph's one node adds the residual too (fused where its strides allow, gemm_op).
+            y = gemm_op(rows, weight.t(), bundle_ref(bundle), "", False, act, bias, residual.reshape(-1, n))
+            return _linear_result(y, x, weight, None) if out is None else out.copy_(y.reshape(out.shape))
         y = gemm_op(rows, weight.t(), bundle_ref(bundle), "", False, act, bias)
     else:
         if not isinstance(bundle, Bundle):
@@ -726,25 +732,48 @@ def _fake_result(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
 
 @torch.library.custom_op("tilekiln::gemm", mutates_args=())
 def gemm_op(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool, activation: str,
-            bias: Tensor | None = None) -> Tensor:
-    """``activation(a @ b + bias)`` on ``bundle``'s kernels (each fused where one computes it, else
-    applied by torch; ``bias`` an (N,) vector or None); with ``fallback``, through ``torch.matmul``
-    where no kernel accepts the operands (the backward GEMMs, whose layouts the caller did not
-    choose)."""
+            bias: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+    """``activation(a @ b + bias) + residual`` on ``bundle``'s kernels (each fused where one computes
+    it, else applied by torch; ``bias`` an (N,) vector or None; ``residual`` None or an (M, N)
+    tensor of the result's type, fused where its strides are the result's, else added in fp32
+    and rounded once); with ``fallback``, through ``torch.matmul`` where no kernel accepts the
+    operands (the backward GEMMs, whose layouts the caller did not choose)."""
     target = resolve(bundle, a.get_device())
     if not fallback:
         bias_type = "none" if bias is None else bias_token(bias, a, b.shape[-1])
-        requested = requested_epilogue(bias=bias_type, activation=activation)
-        return run_gemm(target, a, b, None, None, kernel or None, requested, bias)
+        if residual is None:
+            return run_gemm(target, a, b, None, None, kernel or None,
+                            requested_epilogue(bias=bias_type, activation=activation), bias)
+        _check_op_residual(a, b, residual)
+        shape, k = result_shape(tuple(a.shape), tuple(b.shape))
+        if all(size <= 1 or got == want
+               for size, got, want in zip(shape, residual.stride(), result_strides(shape, k, a.dtype.itemsize))):
+            return run_gemm(target, a, b, None, None, kernel or None,
+                            requested_epilogue(bias=bias_type, activation=activation, residual="add"), bias,
+                            residual)
+        y = run_gemm(target, a, b, None, None, kernel or None, requested_epilogue(bias=bias_type, activation=activation),
+                     bias)
+        return add_residual(y, residual)
     try:
         return run_gemm(target, a, b, None, None, None)
     except (NoKernelError, ValueError, TypeError):  # raised before any launch: no kernel takes these operands
         return torch.matmul(a, b)
 
 
+def _check_op_residual(a: Tensor, b: Tensor, residual: Tensor) -> None:
+    """gemm_op's residual: the 2-D result's shape, a's dtype and device."""
+    shape, _ = result_shape(tuple(a.shape), tuple(b.shape))
+    if len(shape) != 2 or tuple(residual.shape) != shape or residual.dtype != a.dtype or residual.device != a.device:
+        raise ValueError(f"residual: expected a tensor of the 2-D result's shape {list(shape)}, dtype {a.dtype} and "
+                         f"device {a.device}; got shape {list(residual.shape)}, dtype {residual.dtype}, device "
+                         f"{residual.device}")
+
+
 @gemm_op.register_fake
 def _gemm_fake(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool, activation: str,
-               bias: Tensor | None = None) -> Tensor:
+               bias: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+    if residual is not None:
+        _check_op_residual(a, b, residual)
     shape, k = result_shape(tuple(a.shape), tuple(b.shape))
     if activation == "swiglu":
         shape = shape[:-1] + (shape[-1] // 2,)
@@ -761,9 +790,9 @@ def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
 
 
 def _gemm_setup(ctx, inputs, output) -> None:
-    a, b, bundle, _, _, activation, bias = inputs
+    a, b, bundle, _, _, activation, bias, residual = inputs
     ctx.swiglu = activation == "swiglu" and bias is None
-    ctx.epilogue = (activation != "none" or bias is not None) and not ctx.swiglu
+    ctx.epilogue = (activation != "none" or bias is not None or residual is not None) and not ctx.swiglu
     # SwiGLU's gradient needs the GEMM's result, which the backward recomputes from both inputs.
     ctx.save_for_backward(a if ctx.needs_input_grad[1] or ctx.swiglu else None,
                           b if ctx.needs_input_grad[0] or ctx.swiglu else None)
@@ -783,8 +812,8 @@ def _swiglu_grad(pre: Tensor, grad: Tensor) -> Tensor:
 
 def _gemm_backward(ctx, grad: Tensor):
     if ctx.epilogue:
-        raise RuntimeError("tilekiln::gemm with a bias or activation has no gradient; tilekiln.linear applies "
-                           "them unfused, through torch, when an input requires grad")
+        raise RuntimeError("tilekiln::gemm with a bias, activation or residual has no gradient; tilekiln.linear "
+                           "applies them unfused, through torch, when an input requires grad")
     a, b = ctx.saved_tensors
     if ctx.swiglu:
         grad = _swiglu_grad(gemm_op(a, b, ctx.bundle, "", True, "none"), grad)
@@ -799,7 +828,7 @@ def _gemm_backward(ctx, grad: Tensor):
                              "none")
         else:
             grad_b = _sum_to(gemm_op(a.mT, grad, ctx.bundle, "", True, "none"), b_shape)
-    return grad_a, grad_b, None, None, None, None, None
+    return grad_a, grad_b, None, None, None, None, None, None
 
 
 gemm_op.register_autograd(_gemm_backward, setup_context=_gemm_setup)
