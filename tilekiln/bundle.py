@@ -425,7 +425,7 @@ class Bundle:
         return torch_path().swiglu(self, x, w_gate_up, out)
 
     def scaled_gemm(self, a, b, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, stream=None,
-                    kernel: str | None = None, scale_format: str | None = None):
+                    kernel: str | None = None, scale_format: str | None = None, scale_result=None):
         """``(a @ b) * scale_a * scale_b + bias`` for fp8 inputs, like ``torch._scaled_mm``.
 
         ``scale_format`` None reads the scales' shapes: one-element float32 tensors on the inputs'
@@ -434,13 +434,15 @@ class Bundle:
         tilekiln/blockwise.py (``quantize_fp8_blockwise`` makes them). ``"mxfp8"``: e4m3 ``a`` (M, K)
         and ``b`` (K, N) K-major with e8m0 scales per 32 elements of K, each in the hardware layout
         ``tilekiln.blockscaled.to_blocked`` makes (CC 10.x bundles). ``bias``: None or an (N,)
-        vector of the result's type or float32. ``out_dtype`` defaults to bfloat16.
+        vector of the result's type or float32. ``out_dtype`` defaults to bfloat16;
+        ``torch.float8_e4m3fn`` writes ``saturate(value * scale_result)``, ``scale_result`` a
+        one-element float32 tensor on the inputs' device (``tilekiln.scaled_gemm``).
         """
         if not (is_torch_tensor(a) and is_torch_tensor(b)):
             raise TypeError("scaled_gemm takes torch tensors (a and b); the operands given are "
                             f"{type(a).__name__} and {type(b).__name__}")
         return torch_path().scaled_gemm(self, a, b, scale_a, scale_b, out_dtype, out, stream, kernel, scale_format,
-                                        bias)
+                                        bias, scale_result)
 
     def grouped_gemm(self, a, b, offs, *, scale_a=None, scale_b=None, out=None, stream=None,
                      kernel: str | None = None):

@@ -147,6 +147,11 @@ def test_an_fp8_call_is_refused_before_any_kernel_search_naming_the_argument(bun
                                                       "scale_format='blockwise'")):
             tilekiln.scaled_gemm(a, w.t(), one, one, out_dtype=E4M3, scale_result=one, scale_format="blockwise",
                                  bundle=bundle)
+        # Bundle.scaled_gemm takes scale_result as tilekiln.scaled_gemm does.
+        with pytest.raises(ValueError, match=_literal("scale_result: a torch.float8_e4m3fn result is written")):
+            bundle.scaled_gemm(a, w.t(), one, one, out_dtype=E4M3)
+        with pytest.raises(ValueError, match=_literal("scale_result: applies to a float8_e4m3fn result only")):
+            bundle.scaled_gemm(a, w.t(), one, one, scale_result=one)
         # out= decides the result type as out_dtype does.
         out = torch.empty(256, 384, dtype=E4M3, device="cuda")
         with pytest.raises(ValueError, match=_literal("scale_result: a torch.float8_e4m3fn result is written")):
