@@ -44,7 +44,7 @@ from tilekiln._native import CALL
 from tilekiln._tensors import describe, torch_dtype_token
 from tilekiln.blockscaled import (RUNTIME_BLOCK_FORMATS, block_request, check_block_operands,
                                   check_block_scale_tensors, check_scale_pointers, format_of, requested_format)
-from tilekiln.blockwise import check_scales, scale_format_token
+from tilekiln.blockwise import check_scale_tensor, check_scales, scale_format_token
 from tilekiln.bundle import Bundle, raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
 from tilekiln.problem import requested_epilogue, result_shape, result_strides
@@ -145,21 +145,9 @@ def check_rowwise_scales(a: Tensor, b: Tensor, scale_a, scale_b) -> None:
     m, n = a.shape[0], b.shape[1]
     for name, scale, shape, along, per in (("scale_a", scale_a, (m, 1), 0, "row of a"),
                                            ("scale_b", scale_b, (1, n), 1, "column of b")):
-        want = (f"float32 tensor {'(M, 1)' if along == 0 else '(1, N)'} = {shape}, contiguous, on the inputs' "
-                f"device (one scale per {per})")
-        if not isinstance(scale, Tensor):
-            raise TypeError(f"{name}: expected a {want}; got {type(scale).__name__}")
-        problems = []
-        if scale.dtype != torch.float32:
-            problems.append(f"dtype {scale.dtype} (convert with .float())")
-        if tuple(scale.shape) != shape:
-            problems.append(f"shape {list(scale.shape)}")
-        elif shape[along] > 1 and scale.stride(along) != 1:
-            problems.append(f"strides {list(scale.stride())} (pass .contiguous())")
-        if scale.device != a.device:
-            problems.append(f"device {scale.device}")
-        if problems:
-            raise ValueError(f"{name}: expected a {want} for row-wise scaling; got {', '.join(problems)}")
+        check_scale_tensor(name, scale, shape, along, a.device,
+                           f"{'(M, 1)' if along == 0 else '(1, N)'} = {shape}, contiguous (one scale per {per}) "
+                           "for row-wise scaling")
 
 
 def _scale_signature(scale) -> tuple:

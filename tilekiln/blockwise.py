@@ -112,11 +112,11 @@ def check_scales(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b) -> tuple[in
         raise ValueError(f"a: K = {k} is not a multiple of {BLOCK}; blockwise scaling takes one scale per {BLOCK} "
                          f"elements of K (pad K with zeros to a multiple of {BLOCK})")
     kb, nb = k // BLOCK, -(-n // BLOCK)
-    device = a.get_device()
-    _check_one("scale_a", scale_a, (m, kb), 0, device,
+    device = a.device
+    check_scale_tensor("scale_a", scale_a, (m, kb), 0, device,
                f"(M, K/{BLOCK}) = ({m}, {kb}) M-major (stride (1, s)), as quantize_fp8_blockwise(a, (1, {BLOCK})) "
                "gives; s.t().contiguous().t() makes a row-major one M-major")
-    _check_one("scale_b", scale_b, (nb, kb), 1, device,
+    check_scale_tensor("scale_b", scale_b, (nb, kb), 1, device,
                f"(ceil(N/{BLOCK}), K/{BLOCK}) = ({nb}, {kb}) with K/{BLOCK} contiguous (stride (s, 1)), as "
                f"quantize_fp8_blockwise(weight, ({BLOCK}, {BLOCK})) gives for b = weight.t()")
     lead_a, lead_b = scale_a.stride(1), scale_b.stride(0)
@@ -124,17 +124,20 @@ def check_scales(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b) -> tuple[in
     return lead_a, lead_a * kb, lead_b, lead_b * nb
 
 
-def _check_one(name: str, scale, shape: tuple[int, int], unit: int, device: int, want: str) -> None:
+def check_scale_tensor(name: str, scale, shape: tuple[int, int], unit: int, device, want: str) -> None:
+    """Check one float32 scale matrix of ``shape`` whose dimension ``unit`` is contiguous (where it has
+    more than one element), on ``device`` (the inputs' torch device): TypeError or ValueError naming
+    ``name``, saying what was expected (``want``: its shape and layout) and what was wrong."""
     if not isinstance(scale, torch.Tensor):
-        raise TypeError(f"{name}: expected a float32 CUDA tensor {want}; got {type(scale).__name__}")
+        raise TypeError(f"{name}: expected a float32 tensor {want}, on the inputs' device; got {type(scale).__name__}")
     problems = []
     if scale.dtype != torch.float32:
-        problems.append(f"dtype {scale.dtype}")
+        problems.append(f"dtype {scale.dtype} (convert with .float())")
     if tuple(scale.shape) != shape:
         problems.append(f"shape {list(scale.shape)}")
     elif shape[unit] > 1 and scale.stride(unit) != 1:
         problems.append(f"strides {list(scale.stride())}")
-    if scale.get_device() != device:
+    if scale.device != device:
         problems.append(f"device {scale.device}")
     if problems:
-        raise ValueError(f"{name}: expected float32 {want} on the inputs' device; got {', '.join(problems)}")
+        raise ValueError(f"{name}: expected a float32 tensor {want}, on the inputs' device; got {', '.join(problems)}")

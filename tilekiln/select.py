@@ -6,13 +6,17 @@ that accept the problem, a measured choice from the bundle's tuning table
 wins if one exists for the problem's shape bucket; otherwise the analytic
 model estimates the time of each:
 
-    time ~ waves x (CTA tile work) / (per-CTA efficiency)
+    time ~ waves x (CTA tile work / per-CTA efficiency + a wave's DRAM bytes x cost per byte)
 
 ``waves`` counts how many rounds of the persistent grid the output cluster
 tiles need on this device's SM count (wave quantisation), the CTA tile work
 includes the padding a tile wastes at the matrix edge (tile efficiency), and
 the efficiency term favours tiles with more reuse per byte loaded and
-clusters that share loads through TMA multicast. The model only ranks
+clusters that share loads through TMA multicast. The traffic term counts the
+A rows and B columns one wave of the raster walk touches (the swizzle band
+decides how many of each), each read from DRAM once per wave: a decode-sized
+GEMM is priced by the weight it streams, and a large grid walked without a
+swizzle band by the A panels every wave reloads. The model only ranks
 candidates; ``tilekiln tune`` replaces it with measurements where it errs.
 
 Callers that can run a split-K plan (torch tensors; ``tilekiln/splitk.py``)
@@ -39,6 +43,14 @@ _REUSE_KNEE = 20.0
 # Each doubling of the cluster size, which halves one operand's L2 traffic
 # through multicast, measured 5-13% faster at 8192^3 on the H200.
 _MULTICAST_GAIN = 1.06
+# The traffic term's price of one operand element read from DRAM, in MMA multiply-adds: about
+# 150 flop/byte (the H200's achieved bf16 rate over its DRAM bandwidth) is 150 MACs per 2-byte
+# element, and an 8-bit MMA runs twice the MACs on half the bytes, so the price per element holds
+# for fp8. Ranking the candidates of the H200 tuning measurements (bench/model_regret.py), the
+# term took the model's pick from 1.031 to 1.021 of the fastest (geomean; worst 1.19 to 1.08) in
+# bf16 and from 1.044 to 1.022 (worst 1.20 to 1.12) in fp8, and prices from 50 to 300 give the
+# same picks within 0.002.
+_MACS_PER_ELEMENT = 150.0
 
 
 @dataclass(frozen=True)
@@ -144,20 +156,42 @@ def nominal_clusters(kernel: KernelRecord, sm_count: int) -> int:
     return max(1, sm_count // kernel.cluster_size)
 
 
+def wave_window(rows: int, cols: int, clusters: int, band: int) -> tuple[int, int]:
+    """The (rows, columns) of a rows x cols grid of cluster tiles that ``clusters`` consecutive work
+    items cover, walked as the templates' work_tile walks it: bands of ``band`` columns, each walked
+    down its rows (raster along rows)."""
+    band = min(band, cols)
+    if clusters <= band * rows:
+        return min(rows, math.ceil(clusters / band)), min(band, clusters)
+    return rows, min(cols, math.ceil(clusters / rows))
+
+
 def estimate(kernel: KernelRecord, problem: GemmProblem, resident: int) -> float:
     """Relative run time of ``kernel`` on ``problem`` when ``resident`` of its clusters run at once."""
     cfg = kernel.config
     tm, tn = cfg.tile.m, cfg.tile.n
     cm, cn = cfg.cluster.m, cfg.cluster.n
+    k = max(problem.k, 1)
     # A swapped kernel's tile M runs along the problem's N.
     m, n = (problem.n, problem.m) if cfg.swap_ab else (problem.m, problem.n)
     row_tiles = math.ceil(m / tm) if cfg.swap_ab else problem.row_tiles(tm)
-    cluster_tiles = math.ceil(row_tiles / cm) * math.ceil(math.ceil(n / tn) / cn)
-    items = cluster_tiles * problem.batch
+    tiles_m, tiles_n = math.ceil(row_tiles / cm), math.ceil(math.ceil(n / tn) / cn)
+    items = tiles_m * tiles_n * problem.batch
     waves = math.ceil(items / resident)
     intensity = tm * tn / (tm + tn)
     efficiency = intensity / (intensity + _REUSE_KNEE) * _MULTICAST_GAIN ** math.log2(kernel.cluster_size)
-    return waves * tm * tn * max(problem.k, 1) / efficiency
+    clusters = min(resident, items)
+    # A wave wider than one batch entry's grid spans several entries, each with its own operands.
+    per_entry = tiles_m * tiles_n
+    within = min(clusters, per_entry)
+    if cfg.raster.value == "m":
+        rows, cols = wave_window(tiles_m, tiles_n, within, cfg.swizzle)
+    else:
+        cols, rows = wave_window(tiles_n, tiles_m, within, cfg.swizzle)
+    # Rows past M and columns past N are TMA zero-fill, never read.
+    elements = (min(rows * cm * tm, m) + min(cols * cn * tn, n)) * math.ceil(clusters / per_entry)
+    traffic = elements * k * _MACS_PER_ELEMENT / (clusters * kernel.cluster_size)
+    return waves * (tm * tn * k / efficiency + traffic)
 
 
 def choose(kernels: tuple[KernelRecord, ...], problem: GemmProblem, sm_count: int,

@@ -121,8 +121,8 @@ def _operands(torch, m=300, n=200, k=384):
 
 
 @pytest.mark.parametrize("change, error, text", [
-    (lambda t, a, b, sa, sb: (a, b, sa.contiguous(), sb), ValueError, "scale_a: expected float32 (M, K/128)"),
-    (lambda t, a, b, sa, sb: (a, b, sa, sb[:1]), ValueError, "scale_b: expected float32 (ceil(N/128), K/128)"),
+    (lambda t, a, b, sa, sb: (a, b, sa.contiguous(), sb), ValueError, "scale_a: expected a float32 tensor (M, K/128)"),
+    (lambda t, a, b, sa, sb: (a, b, sa, sb[:1]), ValueError, "scale_b: expected a float32 tensor (ceil(N/128), K/128)"),
     (lambda t, a, b, sa, sb: (a, b, sa.cpu(), sb), ValueError, "got device cpu"),
     (lambda t, a, b, sa, sb: (a, b, sa, t.ones(1, device="cuda")), ValueError, "scale_b: expected"),
     (lambda t, a, b, sa, sb: (a[:, :320], b[:320], sa, sb), ValueError, "a: K = 320 is not a multiple of 128"),
@@ -141,7 +141,7 @@ def test_wrong_scales_raise_naming_the_argument_and_leave_the_device_usable(torc
 def test_per_tensor_scales_are_refused_for_blockwise_and_the_reverse(torch, bundle):
     a, b, sa, sb = _operands(torch)
     one = torch.ones(1, device="cuda")
-    with pytest.raises(ValueError, match=re.escape("scale_a: expected float32 (M, K/128)")):
+    with pytest.raises(ValueError, match=re.escape("scale_a: expected a float32 tensor (M, K/128)")):
         bundle.scaled_gemm(a, b, one, one, scale_format="blockwise")
     with pytest.raises(ValueError, match="scale_a: expected a one-element float32"):
         bundle.scaled_gemm(a, b, sa, sb)

@@ -174,13 +174,13 @@ def _literal(text):
 
 @pytest.mark.parametrize("change, error, text", [
     (lambda a, b, sa, sb: (a, b, sa.double(), sb), ValueError,
-     "scale_a: expected a float32 tensor (M, 1) = (300, 1), contiguous, on the inputs' device (one scale per row "
-     "of a) for row-wise scaling; got dtype torch.float64"),
+     "scale_a: expected a float32 tensor (M, 1) = (300, 1), contiguous (one scale per row of a) for row-wise "
+     "scaling, on the inputs' device; got dtype torch.float64 (convert with .float())"),
     (lambda a, b, sa, sb: (a, b, sa[:299], sb), ValueError, "scale_a: expected a float32 tensor (M, 1) = (300, 1)"),
     (lambda a, b, sa, sb: (a, b, torch.ones(1), sb), ValueError, "got shape [1]"),
     (lambda a, b, sa, sb: (a, b, sa, sb.t()), ValueError,
-     "scale_b: expected a float32 tensor (1, N) = (1, 200), contiguous, on the inputs' device (one scale per "
-     "column of b) for row-wise scaling; got shape [200, 1]"),
+     "scale_b: expected a float32 tensor (1, N) = (1, 200), contiguous (one scale per column of b) for "
+     "row-wise scaling, on the inputs' device; got shape [200, 1]"),
     (lambda a, b, sa, sb: (a, b, sa, torch.ones(2, 200)[:1, :].t().contiguous().t()), None, None),
     (lambda a, b, sa, sb: (a, b, sa, torch.ones(200, 2)[:, :1].t()), ValueError,
      "scale_b: expected a float32 tensor (1, N) = (1, 200), contiguous"),
@@ -188,7 +188,7 @@ def _literal(text):
     (lambda a, b, sa, sb: (a, b, sa, sb.to(BF16)), ValueError, "scale_b: expected a float32 tensor"),
     (lambda a, b, sa, sb: (a, b, sa, sb.to("meta")), ValueError, "got device meta"),
     (lambda a, b, sa, sb: (a, b, 2.0, sb), TypeError, "scale_a: expected a float32 tensor (M, 1) = (300, 1), "
-     "contiguous, on the inputs' device (one scale per row of a); got float"),
+     "contiguous (one scale per row of a) for row-wise scaling, on the inputs' device; got float"),
     (lambda a, b, sa, sb: (a[None], b, sa, sb), ValueError, "a: row-wise scaled_gemm takes 2-D operands"),
     (lambda a, b, sa, sb: (a[:, :100], b, sa, sb), ValueError, "cannot be multiplied"),
 ])

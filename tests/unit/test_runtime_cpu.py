@@ -694,3 +694,17 @@ def test_swiglu_runs_only_on_a_swiglu_kernel_for_whole_gate_up_block_pairs():
         # the plain GEMM's problem: all N columns into a result tilekiln allocates
         assert choice.run.out_shape == (1024, columns) and choice.run.c.lead >= columns
 
+
+
+def test_the_model_prices_the_operand_panels_a_wave_reloads():
+    plain = kernel(9, (128, 256, 64), (2, 1))
+    banded = replace(plain, config=replace(plain.config, swizzle=8))
+    # 128 x 32 cluster tiles: walked down M without a band, a wave of 66 clusters touches 66 A
+    # panels for 1 B panel, and every wave reloads them; a band of 8 columns touches 9 A panels.
+    big = tn(16384, 8192, 8192)
+    assert estimate(banded, big, 66) < 0.95 * estimate(plain, big, 66)
+    # A grid of one wave reads each operand once whatever the walk.
+    small = tn(1024, 4096, 4096)
+    assert estimate(banded, small, 66) == pytest.approx(estimate(plain, small, 66), rel=0.02)
+    # A decode-sized M is priced by the weight it streams: rows past M are never read.
+    assert estimate(plain, tn(16, 8192, 8192), 66) < estimate(plain, tn(128, 8192, 8192), 66)
