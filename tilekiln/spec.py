@@ -268,6 +268,8 @@ BLOCK_SCALE_FORMATS = {
     "nvfp4": BlockScaleFormat(DType("e2m1"), BlockScale(DType("e4m3"), 16)),
     "mxfp4": BlockScaleFormat(DType("e2m1"), BlockScale(DType("e8m0"), 32)),
 }
+# The element types of the block-scaled formats (a block-scaled call's inputs besides SCALED_INPUTS).
+BLOCK_SCALED_INPUTS = tuple(dict.fromkeys(f.data.value for f in BLOCK_SCALE_FORMATS.values()))
 
 
 # -- codecs: how a field's value is spelled in YAML/JSON, in ids, and held ---------------------

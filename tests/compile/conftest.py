@@ -75,8 +75,8 @@ TCGEN05_KERNELS = {
         "sm_103a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
                    "    tile: [128, 256, 128]\n    cluster: [2, 1]\n    cta_group: 2"),
 }
-# The block-scaled fp4 kernels: census only (the runtime takes no packed fp4 operands, so the
-# launch test, which plans through it, cannot run them).
+# The block-scaled fp4 kernels (nvfp4, mxfp4), the catalog's: their census and their launch
+# records, in bundles of their own.
 FP4_KERNELS = {
     "gemm_sm100_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe4m3x16": (
         "sm_100a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}\n    block_scale: {scale: e4m3, block: 16}\n"
