@@ -217,6 +217,13 @@ def test_every_fp4_kernel_launches_as_its_plan_says(fp4_build, tmp_path_factory,
     _check_launches(Recorded(result, link_recording_library(result, scratch / "lib"), scratch), FP4_PROBLEMS)
 
 
+def test_every_sm107_block_scaled_kernel_launches_as_its_plan_says(sm107_blockscaled_build, tmp_path_factory):
+    """The sm107 pipeline's 64-byte-K block-scaled kernels (mxfp8 and fp4 operands in elements)."""
+    scratch = tmp_path_factory.mktemp("recorded-sm107-blockscaled")
+    (result,) = sm107_blockscaled_build.bundles
+    _check_launches(Recorded(result, link_recording_library(result, scratch / "lib"), scratch), FP4_PROBLEMS)
+
+
 def test_a_launch_that_disagrees_with_its_plan_is_caught(recorded_bundles):
     """The comparison sees every field: another kernel's plan does not match this launch."""
     recorded = recorded_bundles["sm100a"]
