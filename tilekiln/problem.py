@@ -186,7 +186,7 @@ def make_problem(a: Operand, b: Operand, out: Operand | None, out_dtype: str | N
     ``requested`` asks for a block scale, fp8 or fp4: :data:`~tilekiln.spec.BLOCK_SCALED_INPUTS`).
     ``requested``: the epilogue the call asks for (GemmProblem.requested); a gated activation
     halves the result's columns (N must be even)."""
-    inputs = SCALED_INPUTS + (BLOCK_SCALED_INPUTS if dict(requested).get("block_scale") else ())
+    inputs = tuple(dict.fromkeys(SCALED_INPUTS + (BLOCK_SCALED_INPUTS if dict(requested).get("block_scale") else ())))
     return dataclasses.replace(_make_problem(a, b, out, out_dtype, gated(requested), inputs), requested=requested)
 
 
