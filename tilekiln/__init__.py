@@ -188,7 +188,11 @@ def scaled_gemm(a, b, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, 
     (K, N) K-major, K a multiple of 128; ``scale_a``/``scale_b`` float8_e8m0fnu, one per 32
     elements of a row of ``a`` / of ``b.t()``, in the tcgen05 layout that
     ``tilekiln.blockscaled.to_blocked`` makes from row-major (rows, K/32) scales
-    (``tilekiln.blockscaled.quantize(x, "mxfp8")`` makes those). ``bias``: None or a contiguous (N,) tensor of the result's type or float32,
+    (``tilekiln.blockscaled.quantize(x, "mxfp8")`` makes those). ``"nvfp4"`` and ``"mxfp4"``: e2m1
+    ``a`` and ``b`` packed two per byte (torch.float4_e2m1fn_x2; ``a`` (M, K/2) row-major, ``b``
+    (K/2, N) the transpose of a (N, K/2) weight), K in elements a multiple of 64 (nvfp4: e4m3 scales,
+    float8_e4m3fn, one per 16) or 128 (mxfp4: e8m0 per 32), scales blocked as above
+    (``tilekiln.blockscaled.quantize_operand(x, name)`` packs and scales). ``bias``: None or a contiguous (N,) tensor of the result's type or float32,
     added after the scales, fused where a kernel adds it (else by torch; ``explain`` says which).
     ``out_dtype=torch.float8_e4m3fn`` (per-tensor or row-wise scales, no bias): the result for the
     next GEMM's input, ``saturate(value * scale_result)`` as torch._scaled_mm writes it, values past
@@ -245,8 +249,8 @@ def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias
     ``activation`` (``"swiglu"`` for ``swiglu(x, w)``: pass ``x`` and ``w.t()``), ``bias`` (the bias tensor, or its type: ``"bf16"``, ``"f32"`` or a torch
     dtype) and ``residual`` (a residual tensor, or True), whether a kernel fuses them (as ``linear``
     would ask; the residual fuses only where its strides are the result's, docs/runtime.md); with
-    ``scale_format`` (``"rowwise"``, ``"blockwise"``, ``"mxfp8"``), the kernel ``scaled_gemm`` would run for
-    fp8 operands with such scales (``out_dtype``: its result type, bf16 by default, e.g.
+    ``scale_format`` (``"rowwise"``, ``"blockwise"``, ``"mxfp8"``, ``"nvfp4"``, ``"mxfp4"``), the kernel ``scaled_gemm`` would run for
+    fp8 (fp4) operands with such scales (``out_dtype``: its result type, bf16 by default, e.g.
     ``torch.float8_e4m3fn``, which implies per-tensor scales where ``scale_format`` is None); with ``offs`` (or ``masked_m``), the kernel
     ``grouped_gemm(a, b, offs)`` (``grouped_gemm_masked``) would run."""
     from tilekiln._tensors import is_torch_tensor, torch_dtype_token

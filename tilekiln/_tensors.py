@@ -2,7 +2,8 @@
 objects (CuPy, Numba) and ``__dlpack__`` producers.
 
 Only this module and ``_torch`` touch tensor objects; everything else sees an
-:class:`Operand` (shape, strides in elements, dtype token, pointer, device).
+:class:`Operand` (shape, strides in elements, dtype token, pointer, device); a 4-bit type's
+elements are its own, two to a byte, not torch's (:func:`_unpacked`).
 torch is imported only when a torch tensor is passed or ``__dlpack__`` needs it.
 """
 
@@ -80,7 +81,25 @@ def describe(obj: object, name: str) -> Operand:
 
 def _from_torch(t, name: str) -> Operand:
     device = t.get_device() if t.is_cuda else -1
-    return Operand(name, tuple(t.shape), tuple(t.stride()), torch_dtype_token(t.dtype), t.data_ptr(), device, t)
+    dtype = torch_dtype_token(t.dtype)
+    if dtype in DTYPES and DTYPES[dtype].bits == 4:
+        return _unpacked(t, name, dtype, device)
+    return Operand(name, tuple(t.shape), tuple(t.stride()), dtype, t.data_ptr(), device, t)
+
+
+def _unpacked(t, name: str, dtype: str, device: int) -> Operand:
+    """A tensor of a 4-bit type (torch.float4_e2m1fn_x2) described in its 4-bit elements. Each byte holds two elements
+    consecutive along the tensor's unit-stride dimension (the last one where both are), the even
+    one in the low nibble, so that dimension's extent doubles and every other stride doubles."""
+    shape, strides = list(t.shape), list(t.stride())
+    packed = next((d for d in range(len(shape) - 1, len(shape) - 3, -1) if d >= 0 and strides[d] == 1), None)
+    if packed is None:
+        raise ValueError(f"{name}: a {t.dtype} tensor packs two elements along a unit-stride dimension, and "
+                         f"neither of its last two has stride 1 (strides {strides}); pass a contiguous tensor or "
+                         "its transpose")
+    shape[packed] *= 2
+    strides = [s if d == packed else 2 * s for d, s in enumerate(strides)]
+    return Operand(name, tuple(shape), tuple(strides), dtype, t.data_ptr(), device, t)
 
 
 def _from_cai(obj: object, cai: object, name: str) -> Operand:

@@ -42,7 +42,7 @@ import torch
 
 from tilekiln._native import CALL
 from tilekiln._tensors import describe, torch_dtype_token
-from tilekiln.blockscaled import (RUNTIME_BLOCK_FORMATS, block_request, check_block_operands,
+from tilekiln.blockscaled import (RUNTIME_BLOCK_FORMATS, block_request, check_block_elements, check_block_operands,
                                   check_block_scale_tensors, check_scale_pointers, format_of, requested_format)
 from tilekiln.blockwise import check_scale_tensor, check_scales, scale_format_token
 from tilekiln.bundle import Bundle, raise_misaligned
@@ -410,6 +410,8 @@ def _scaled_request(a: Tensor, b: Tensor, scale_format: str, out_dtype, out: Ten
         bias_type = bias_token(bias, a, n, dtype, "the result's")
     if scale_format in RUNTIME_BLOCK_FORMATS:
         # A block-scaled format asks for its block scale; the scales' scaling stays the default.
+        # mxfp8 and mxfp4 ask for the same one, so the elements must be the named format's here.
+        check_block_elements(a, b, scale_format)
         return requested_epilogue(**dict(block_request(scale_format)), bias=bias_type)
     return requested_epilogue(scaling=scale_format, bias=bias_type)
 
@@ -638,7 +640,7 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
     fp8_result = (out_dtype if out is None else out.dtype) in SCALED_RESULTS
     blockwise, rowwise = _BLOCKWISE in requested, _ROWWISE in requested
-    block_format = requested_format(requested)
+    block_format = requested_format(requested, a.dtype)
     key = ("scaled", a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.get_device(), b.get_device(),
            None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()), kernel, out_dtype,
            _scale_signature(scale_a), _scale_signature(scale_b), requested, _scale_signature(scale_result))

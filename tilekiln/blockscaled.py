@@ -16,7 +16,10 @@ block j sit at byte ``(r % 32) * 16 + (r // 32) * 4 + j``. Its shape, (ceil(rows
 ceil(K / block / 4), 32, 4, 4), spells that order, so a contiguous tensor of it is the layout.
 
 e2m1 elements are held here as one 4-bit code per uint8 (sign in bit 3); :func:`pack_fp4`
-packs two per byte, the even element in the low nibble, as torch.float4_e2m1fn_x2 holds them.
+packs two per byte, the even element in the low nibble, as torch.float4_e2m1fn_x2 holds them,
+and :func:`pack_operand` makes the tensor ``scaled_gemm`` takes: an (M, K) e2m1 operand is an
+(M, K / 2) float4_e2m1fn_x2 tensor, K counted in elements everywhere else (scale shapes, the
+multiple of 64 or 128). :func:`quantize_operand` does both from bf16 or float32.
 Pure torch; the reference runs on any device in float64.
 """
 
@@ -40,10 +43,9 @@ _MAX = {"e4m3": 448.0, "e2m1": 6.0}
 _EMAX = {"e4m3": 8, "e2m1": 2}
 E8M0_BIAS = 127
 
-# The formats scaled_gemm takes: mxfp8. nvfp4 and mxfp4 operands are packed two e2m1 elements per
-# byte, which the runtime's operand description (one element per addressable unit) cannot spell;
-# the template builds their kernels (census-checked in the tests) and the reference here covers them.
-RUNTIME_BLOCK_FORMATS = ("mxfp8",)
+# The formats scaled_gemm takes (all of spec.py's): e4m3 elements as torch.float8_e4m3fn, e2m1
+# elements packed two per byte as torch.float4_e2m1fn_x2 (:func:`pack_operand`).
+RUNTIME_BLOCK_FORMATS = tuple(BLOCK_SCALE_FORMATS)
 
 
 def format_of(name: str):
@@ -145,10 +147,34 @@ def quantize(x: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     return elements, scales
 
 
+def pack_operand(elements: torch.Tensor, name: str) -> torch.Tensor:
+    """:func:`quantize`'s elements as ``scaled_gemm`` takes them: e4m3 as they are; e2m1 codes
+    (…, K) packed two per byte into a contiguous (…, K / 2) torch.float4_e2m1fn_x2 tensor."""
+    if format_of(name).data.value != "e2m1":
+        return elements
+    return pack_fp4(elements).contiguous().view(torch.float4_e2m1fn_x2)
+
+
+def quantize_operand(x: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(elements, scales)`` of ``x`` (…, K) in format ``name`` as ``scaled_gemm`` takes them:
+    :func:`quantize`, its elements through :func:`pack_operand`; scales row-major (…, K / block),
+    for :func:`to_blocked`."""
+    elements, scales = quantize(x, name)
+    return pack_operand(elements, name), scales
+
+
+def _codes(elements: torch.Tensor) -> torch.Tensor:
+    """uint8 e2m1 codes, one per element, of codes or of a packed (…, K / 2) float4_e2m1fn_x2 tensor."""
+    if elements.dtype != torch.float4_e2m1fn_x2:
+        return elements
+    return unpack_fp4(elements.view(torch.uint8))
+
+
 def dequantize(elements: torch.Tensor, scales: torch.Tensor, name: str) -> torch.Tensor:
-    """``elements * scales`` per block, in float64: the operand a block-scaled GEMM multiplies."""
+    """``elements * scales`` per block, in float64: the operand a block-scaled GEMM multiplies.
+    e2m1 elements: uint8 codes or packed (:func:`pack_operand`)."""
     fmt = format_of(name)
-    values = e2m1_values(elements) if fmt.data.value == "e2m1" else elements.to(torch.float64)
+    values = e2m1_values(_codes(elements)) if fmt.data.value == "e2m1" else elements.to(torch.float64)
     return values * _scale_values(name, scales).repeat_interleave(fmt.scale.block, dim=-1)
 
 
@@ -202,12 +228,25 @@ def block_request(name: str) -> tuple[tuple[str, object], ...]:
     return (("block_scale", BlockScaleCodec().request(format_of(name).scale)),)
 
 
-def requested_format(requested: tuple[tuple[str, object], ...]) -> str | None:
-    """The block-scaled format (of :data:`RUNTIME_BLOCK_FORMATS`) a call's ``requested`` asks for, or None."""
+def requested_format(requested: tuple[tuple[str, object], ...], element: torch.dtype) -> str | None:
+    """The block-scaled format (of :data:`RUNTIME_BLOCK_FORMATS`) a call's ``requested`` asks for, or
+    None. mxfp8 and mxfp4 ask for the same block scale (e8m0 per 32); the call's ``element`` type
+    (a's dtype) tells them apart, and where it is neither's, the first is named, whose checks refuse it."""
     asked = dict(requested).get("block_scale")
     if asked is None:
         return None
-    return next(name for name in RUNTIME_BLOCK_FORMATS if block_request(name)[0][1] == asked)
+    names = [name for name in RUNTIME_BLOCK_FORMATS if block_request(name)[0][1] == asked]
+    return next((name for name in names if _element_dtype(name) == element), names[0])
+
+
+def _element_dtype(name: str) -> torch.dtype:
+    """The torch dtype of ``name``'s operands (float4_e2m1fn_x2 holds two e2m1 elements)."""
+    return getattr(torch, DTYPES[format_of(name).data.value].torch)
+
+
+def k_elements(a: torch.Tensor, name: str) -> int:
+    """K of a block-scaled call in elements: ``a``'s second extent, twice it for packed e2m1."""
+    return a.shape[1] * (2 if format_of(name).data.value == "e2m1" else 1)
 
 
 def check_block_scales(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b, name: str) -> None:
@@ -218,24 +257,37 @@ def check_block_scales(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b, name:
     check_block_scale_tensors(a, b, scale_a, scale_b, name)
 
 
+def check_block_elements(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
+    """Both operands hold ``name``'s element type (TypeError naming the argument)."""
+    element = _element_dtype(name)
+    packed = " packed two per byte" if element == torch.float4_e2m1fn_x2 else ""
+    for which, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor) or t.dtype != element:
+            got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TypeError(f"{which}: {name} takes {element} elements{packed}, got {got}; quantize it with "
+                            f"tilekiln.blockscaled.quantize_operand(x, {name!r})")
+
+
 def check_block_operands(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
-    """The operands' part of :func:`check_block_scales`: element type, 2-D, K, B's majorness."""
+    """The operands' part of :func:`check_block_scales`: element type, 2-D, K, both K-major (packed
+    e2m1 along K, so K counts twice a's second extent)."""
     fmt = format_of(name)
     block, step = fmt.scale.block, ATOM_BLOCKS * fmt.scale.block
-    element = getattr(torch, DTYPES[fmt.data.value].torch)
-    for which, t in (("a", a), ("b", b)):
-        if t.dtype != element:
-            raise TypeError(f"{which}: {name} takes {element} elements, got {t.dtype}; quantize it with "
-                            f"tilekiln.blockscaled.quantize(x, {name!r})")
+    check_block_elements(a, b, name)
     for which, t in (("a", a), ("b", b)):
         if t.dim() != 2:
             raise ValueError(f"{which}: {name} scaled_gemm takes 2-D operands a (M, K) and b (K, N), got "
                              f"{which} of shape {list(t.shape)}")
-    k = a.shape[1]
+    packed = fmt.data.value == "e2m1"
+    if packed and a.stride(1) != 1:
+        raise ValueError(f"a: {name} scaled_gemm takes a row-major (M, K / 2) float4_e2m1fn_x2 tensor, two elements "
+                         f"of K per byte; got strides {list(a.stride())}")
+    k = k_elements(a, name)
     if k % step:
-        raise ValueError(f"a: K = {k} is not a multiple of {step}; {name} kernels read scale factors in groups of "
-                         f"{ATOM_BLOCKS} blocks of {block} (pad K with zeros to a multiple of {step})")
-    if b.shape[0] > 1 and b.stride(0) != 1:
+        extent = f" (a.shape[1] = {a.shape[1]} bytes of two elements)" if packed else ""
+        raise ValueError(f"a: K = {k}{extent} is not a multiple of {step}; {name} kernels read scale factors in "
+                         f"groups of {ATOM_BLOCKS} blocks of {block} (pad K with zeros to a multiple of {step})")
+    if (b.shape[0] > 1 or packed) and b.stride(0) != 1:
         raise ValueError(f"b: {name} scaled_gemm takes b K-major, a (N, K) row-major weight's transpose "
                          f"(weight.t()); got strides {list(b.stride())}")
 
@@ -244,7 +296,7 @@ def check_block_scale_tensors(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b
     """The scales' part of :func:`check_block_scales`: dtype, blocked shape, contiguity, device."""
     fmt = format_of(name)
     block = fmt.scale.block
-    m, k = a.shape
+    m, k = a.shape[0], k_elements(a, name)
     n = b.shape[1]
     device = a.get_device()
     dtype = scale_dtype(name)

@@ -20,7 +20,7 @@ import torch
 
 from tilekiln.problem import result_shape
 from tilekiln.blockscaled import RUNTIME_BLOCK_FORMATS
-from tilekiln.spec import BLOCK_SCALE_FORMATS, BLOCKWISE_BLOCK
+from tilekiln.spec import BLOCKWISE_BLOCK
 
 BLOCK = BLOCKWISE_BLOCK
 E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
@@ -90,9 +90,6 @@ _FORMATS = ("tensor", "rowwise", "blockwise", *RUNTIME_BLOCK_FORMATS)
 def scale_format_token(scale_format) -> str:
     """``scale_format`` checked: ``"tensor"``, ``"rowwise"``, ``"blockwise"`` or a block-scaled format
     the runtime takes (tilekiln/blockscaled.py); ValueError naming the argument."""
-    if scale_format in BLOCK_SCALE_FORMATS and scale_format not in RUNTIME_BLOCK_FORMATS:
-        raise ValueError(f"scale_format: {scale_format!r} takes packed fp4 operands, which scaled_gemm does not "
-                         f"accept yet; it takes {', '.join(map(repr, _FORMATS))}")
     if scale_format not in _FORMATS:
         raise ValueError(f"scale_format: {scale_format!r} is not one of {', '.join(map(repr, _FORMATS))}")
     return scale_format

@@ -433,7 +433,9 @@ class Bundle:
         ``"rowwise"``). ``"blockwise"``: per-block float32 scales in the layouts of
         tilekiln/blockwise.py (``quantize_fp8_blockwise`` makes them). ``"mxfp8"``: e4m3 ``a`` (M, K)
         and ``b`` (K, N) K-major with e8m0 scales per 32 elements of K, each in the hardware layout
-        ``tilekiln.blockscaled.to_blocked`` makes (CC 10.x bundles). ``bias``: None or an (N,)
+        ``tilekiln.blockscaled.to_blocked`` makes (CC 10.x bundles). ``"nvfp4"`` (e4m3 scales per 16)
+        and ``"mxfp4"`` (e8m0 per 32): e2m1 ``a`` (M, K/2) and ``b`` (K/2, N) K-major, packed two per
+        byte as torch.float4_e2m1fn_x2 (``tilekiln.blockscaled.quantize_operand``). ``bias``: None or an (N,)
         vector of the result's type or float32. ``out_dtype`` defaults to bfloat16;
         ``torch.float8_e4m3fn`` writes ``saturate(value * scale_result)``, ``scale_result`` a
         one-element float32 tensor on the inputs' device (``tilekiln.scaled_gemm``).

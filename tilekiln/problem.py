@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from tilekiln._tensors import Operand
-from tilekiln.spec import SCALED_INPUTS, Activation, itemsize, requested_fields
+from tilekiln.spec import BLOCK_SCALED_INPUTS, SCALED_INPUTS, Activation, itemsize, requested_fields
 
 
 @dataclass(frozen=True)
@@ -182,14 +182,16 @@ def result_shape(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[tu
 
 def make_problem(a: Operand, b: Operand, out: Operand | None, out_dtype: str | None = None,
                  requested: tuple[tuple[str, object], ...] = ()) -> GemmProblem:
-    """``out_dtype`` None: torch.matmul (same dtype in and out); else a scaled fp8 GEMM.
+    """``out_dtype`` None: torch.matmul (same dtype in and out); else a scaled fp8 GEMM (or, where
+    ``requested`` asks for a block scale, fp8 or fp4: :data:`~tilekiln.spec.BLOCK_SCALED_INPUTS`).
     ``requested``: the epilogue the call asks for (GemmProblem.requested); a gated activation
     halves the result's columns (N must be even)."""
-    return dataclasses.replace(_make_problem(a, b, out, out_dtype, gated(requested)), requested=requested)
+    inputs = tuple(dict.fromkeys(SCALED_INPUTS + (BLOCK_SCALED_INPUTS if dict(requested).get("block_scale") else ())))
+    return dataclasses.replace(_make_problem(a, b, out, out_dtype, gated(requested), inputs), requested=requested)
 
 
 def _make_problem(a: Operand, b: Operand, out: Operand | None, out_dtype: str | None,
-                  halve: bool = False) -> GemmProblem:
+                  halve: bool = False, scaled_inputs: tuple[str, ...] = SCALED_INPUTS) -> GemmProblem:
     out_shape, k = result_shape(a.shape, b.shape)
     if halve:
         if out_shape[-1] % 2:
@@ -202,8 +204,9 @@ def _make_problem(a: Operand, b: Operand, out: Operand | None, out_dtype: str | 
         out_dtype = a.dtype
     else:
         for x in (a, b):
-            if x.dtype not in SCALED_INPUTS:
-                raise TypeError(f"{x.name}: scaled GEMMs take 8-bit float inputs ({', '.join(SCALED_INPUTS)}), "
+            if x.dtype not in scaled_inputs:
+                kind = "8-bit float" if scaled_inputs == SCALED_INPUTS else "block-scaled"
+                raise TypeError(f"{x.name}: scaled GEMMs take {kind} inputs ({', '.join(scaled_inputs)}), "
                                 f"got {x.dtype}")
     if a.device < 0 or b.device < 0:
         which = "a" if a.device < 0 else "b"

@@ -53,7 +53,7 @@ DTYPES: dict[str, DTypeSpec] = {d.token: d for d in (
     DTypeSpec("i32", 32, "Int32", "int32", "<i4"),
     DTypeSpec("e2m1", 4, "Float4E2M1FN", "float4_e2m1fn_x2"),
     DTypeSpec("e8m0", 8, "Float8E8M0FNU", "float8_e8m0fnu"),
-    DTypeSpec("e5m3", 8, "Float8E5M3", None),
+    DTypeSpec("e5m3", 8, "FloatNV8E5M3FNU", None),
 )}
 
 
@@ -277,6 +277,8 @@ BLOCK_SCALE_FORMATS = {
     "nvfp4": BlockScaleFormat(DType("e2m1"), BlockScale(DType("e4m3"), 16)),
     "mxfp4": BlockScaleFormat(DType("e2m1"), BlockScale(DType("e8m0"), 32)),
 }
+# The element types of the block-scaled formats (a block-scaled call's inputs besides SCALED_INPUTS).
+BLOCK_SCALED_INPUTS = tuple(dict.fromkeys(f.data.value for f in BLOCK_SCALE_FORMATS.values()))
 
 
 # -- codecs: how a field's value is spelled in YAML/JSON, in ids, and held ---------------------

@@ -15,7 +15,7 @@ largest values, against the float64 reference saturated and rounded to e4m3; res
 a separate output and once in place (the output is the residual). SwiGLU kernels run with N
 rounded up to whole gate/up block pairs (I then not a multiple of their tiles' half), writing N/2
 columns, against the float64 product paired by torch. Block-scaled (mxfp8) kernels run on inputs
-quantized by ``tilekiln.blockscaled.quantize`` (K rounded up to whole scale-factor atoms), their
+quantized by ``tilekiln.blockscaled.quantize_operand`` (K rounded up to whole scale-factor atoms), their
 scales passed in the blocked layout, against the product of the dequantized inputs. A kernel passes when every
 relative error ||out - ref|| / ||ref|| is under :data:`TOLERANCE` and no
 output is NaN.
@@ -177,7 +177,7 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
         # A gated kernel pairs whole gate and up blocks; its result has half the columns.
         n = -(-n // pair) * pair
         out_n = n // 2 if cfg.activation.gated else n
-        if fp8 and batch != 1:
+        if (fp8 or block_format is not None) and batch != 1:
             continue  # scaled GEMMs are 2-D, as torch._scaled_mm's
         if blockwise:
             from tilekiln.blockwise import dequantize, quantize_fp8_blockwise
@@ -195,8 +195,8 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
 
             step = bs.ATOM_BLOCKS * cfg.block_scale.block
             k = -(-k // step) * step
-            a8, sa = bs.quantize(torch.randn(m, k, device="cuda", generator=gen), block_format)
-            w8, sw = bs.quantize(torch.randn(n, k, device="cuda", generator=gen), block_format)
+            a8, sa = bs.quantize_operand(torch.randn(m, k, device="cuda", generator=gen), block_format)
+            w8, sw = bs.quantize_operand(torch.randn(n, k, device="cuda", generator=gen), block_format)
             out = _poisoned(torch, (m, n), torch.bfloat16)
             scaled(a8, w8.t(), out, scales=(bs.to_blocked(sa), bs.to_blocked(sw)))
             yield f"{kernel.id} {m}x{n}x{k}", out, epilogue(bs.reference_mm(a8, sa, w8, sw, block_format))

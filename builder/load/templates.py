@@ -100,6 +100,8 @@ class Tcgen05Parameters(YamlModel):
     oversized_smem_launch: StrictBool = Field(description="the generated launch requests the oversized carveout")
     programmatic_launch: StrictBool = Field(
         description="the generated launch allows programmatic stream serialization (PDL)")
+    max_scale_blocks_per_mma: StrictPositiveInt | None = Field(
+        None, description="block-scaled templates: the most scale blocks along K one MMA may read")
 
 
 TemplateParameters = Annotated[Sm90Parameters | Tcgen05Parameters, Field(discriminator="kind")]

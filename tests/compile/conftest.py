@@ -75,8 +75,8 @@ TCGEN05_KERNELS = {
         "sm_103a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
                    "    tile: [128, 256, 128]\n    cluster: [2, 1]\n    cta_group: 2"),
 }
-# The block-scaled fp4 kernels: census only (the runtime takes no packed fp4 operands, so the
-# launch test, which plans through it, cannot run them).
+# The block-scaled fp4 kernels (nvfp4, mxfp4), the catalog's: their census and their launch
+# records, in bundles of their own.
 FP4_KERNELS = {
     "gemm_sm100_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe4m3x16": (
         "sm_100a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}\n    block_scale: {scale: e4m3, block: 16}\n"
@@ -87,6 +87,24 @@ FP4_KERNELS = {
     "gemm_sm100_e2m1_e2m1_f32_bf16_tn_128x256x256_c2x1_2cta_sfe4m3x16": (
         "sm_107a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}\n    block_scale: {scale: e4m3, block: 16}\n"
                    "    tile: [128, 256, 256]\n    cluster: [2, 1]\n    cta_group: 2"),
+}
+
+# The sm107 pipeline's block-scaled kernels (the 64-byte-K MMA): catalog/gemm/sm107_blockscaled.yaml's
+# mxfp8 128x256 (1-CTA and a CTA pair) and mxfp4, and an fp4 kernel with e5m3 scales, which only SM
+# 10.7 has (census only: no scale_format names that format).
+SM107_BLOCKSCALED_KERNELS = {
+    "gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_sfe8m0x32": (
+        "sm_107a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
+                   "    tile: [128, 256, 128]\n    cluster: [1, 1]"),
+    "gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c2x1_2cta_sfe8m0x32": (
+        "sm_107a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
+                   "    tile: [128, 256, 128]\n    cluster: [2, 1]\n    cta_group: 2"),
+    "gemm_sm107_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe8m0x32": (
+        "sm_107a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
+                   "    tile: [128, 256, 256]\n    cluster: [1, 1]"),
+    "gemm_sm107_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe5m3x32": (
+        "sm_107a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}\n    block_scale: {scale: e5m3, block: 32}\n"
+                   "    tile: [128, 256, 256]\n    cluster: [1, 1]"),
 }
 
 
@@ -130,6 +148,17 @@ def fp4_build(tmp_path_factory):
     base = tmp_path_factory.mktemp("fp4")
     (base / "sm100.yaml").write_text(tcgen05_catalog("sm100", FP4_KERNELS))
     project = fixture_project(base / "project", [base / "sm100.yaml"])
+    result = run_build(project, base / "artifacts", base / "cache", jobs=2)
+    assert result.ok, [r.error for b in result.bundles for r in b.failed]
+    return result
+
+
+@pytest.fixture(scope="session")
+def sm107_blockscaled_build(tmp_path_factory):
+    """SM107_BLOCKSCALED_KERNELS built into the sm107a bundle."""
+    base = tmp_path_factory.mktemp("sm107-blockscaled")
+    (base / "sm107.yaml").write_text(tcgen05_catalog("sm107", SM107_BLOCKSCALED_KERNELS))
+    project = fixture_project(base / "project", [base / "sm107.yaml"])
     result = run_build(project, base / "artifacts", base / "cache", jobs=2)
     assert result.ok, [r.error for b in result.bundles for r in b.failed]
     return result

@@ -53,6 +53,8 @@ RECORDER = Path(__file__).with_name("launch_recorder.c")
 GLIBC = (2, 28)
 # (M, N, K, batch): skinny, ragged, large and batched, every stride a multiple of 16 elements.
 PROBLEMS = ((16, 4096, 4096, 1), (1008, 1040, 528, 1), (8192, 8192, 1024, 2), (128, 128, 128, 1))
+# e2m1 operands: 2-D, K a multiple of 128 elements (whole scale-factor atoms, 16-byte rows).
+FP4_PROBLEMS = ((16, 4096, 4096, 1), (1008, 1040, 512, 1), (8192, 8192, 1024, 1), (128, 128, 128, 1))
 SM_COUNT = {9: 132, 10: 148}  # the stand-in device: an H100 SXM, a B200
 # The stand-in's answer to every occupancy query: not SM count / cluster size, so a
 # launch that ignored the runtime's query would show.
@@ -161,7 +163,8 @@ def run_kernel(recorded: Recorded, kernel_id: str, problems=PROBLEMS) -> tuple[l
         # A gated (swiglu) kernel's result pairs B's N columns into N/2.
         c = operand("out", m, n // 2 if cfg.activation.gated else n, batch, d.c.value, 0x7F2000000000, True)
         plan = recorded.bundle.plan(a, b, c, kernel=kernel_id,
-                                    out_dtype=d.c.value if d.scaled else None, requested=requested)
+                                    out_dtype=d.c.value if d.scaled or cfg.block_scale else None,
+                                    requested=requested)
         resident = recorded.bundle.resident_clusters(recorded.bundle.kernels[plan_index(recorded, kernel_id)], 0)
         before = len(recorded.events())
         recorded.bundle.launch(plan, a.ptr, b.ptr, c.ptr, 0, 0x7F3000000000, 0x7F3000000010, 0x7F3000000020,
@@ -185,11 +188,14 @@ def recorded_bundles(small_build, tcgen05_build, tmp_path_factory) -> dict[str, 
 
 @pytest.mark.parametrize("bundle", ["sm90a", "sm100a", "sm100f", "sm103a", "sm107a"])
 def test_every_kernel_launches_as_its_plan_says(recorded_bundles, bundle):
-    recorded = recorded_bundles[bundle]
+    _check_launches(recorded_bundles[bundle])
+
+
+def _check_launches(recorded: Recorded, problems=PROBLEMS) -> None:
     assert recorded.records
     for kernel_id, record in recorded.records.items():
         ctx = record.ctx
-        events, pairs = run_kernel(recorded, kernel_id)
+        events, pairs = run_kernel(recorded, kernel_id, problems)
         for expected, launched in pairs:
             assert launched == expected, kernel_id
         limit = ctx.plan.smem_budget - ctx.template.manifest.parameters.static_smem_bytes
@@ -200,6 +206,22 @@ def test_every_kernel_launches_as_its_plan_says(recorded_bundles, bundle):
         for query in (e for e in events if e["event"] == "occupancy"):
             assert (tuple(query["block"]), query["dynamic_smem"], tuple(query["cluster"])) == (
                 (ctx.plan.threads, 1, 1), ctx.plan.smem.dynamic_bytes, cluster), kernel_id
+
+
+@pytest.mark.parametrize("bundle", ["sm100a", "sm103a", "sm107a"])
+def test_every_fp4_kernel_launches_as_its_plan_says(fp4_build, tmp_path_factory, bundle):
+    """nvfp4 and mxfp4 kernels, planned over e2m1 operands in elements (K twice the bytes of a
+    row): what ``scaled_gemm`` describes a float4_e2m1fn_x2 tensor as (tilekiln/_tensors.py)."""
+    scratch = tmp_path_factory.mktemp(f"recorded-fp4-{bundle}")
+    (result,) = [b for b in fp4_build.bundles if b.bundle == bundle]
+    _check_launches(Recorded(result, link_recording_library(result, scratch / "lib"), scratch), FP4_PROBLEMS)
+
+
+def test_every_sm107_block_scaled_kernel_launches_as_its_plan_says(sm107_blockscaled_build, tmp_path_factory):
+    """The sm107 pipeline's 64-byte-K block-scaled kernels (mxfp8 and fp4 operands in elements)."""
+    scratch = tmp_path_factory.mktemp("recorded-sm107-blockscaled")
+    (result,) = sm107_blockscaled_build.bundles
+    _check_launches(Recorded(result, link_recording_library(result, scratch / "lib"), scratch), FP4_PROBLEMS)
 
 
 def test_a_launch_that_disagrees_with_its_plan_is_caught(recorded_bundles):

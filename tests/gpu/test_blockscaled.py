@@ -1,5 +1,6 @@
-"""Block-scaled (mxfp8) GEMM on the GPU: every mxfp8 kernel against the float64 product of its
-dequantized inputs, the errors of wrong scales, and the refusal on a bundle without such kernels.
+"""Block-scaled (mxfp8, nvfp4, mxfp4) GEMM on the GPU: every block-scaled kernel against the
+float64 product of its dequantized inputs (fp4 operands packed two per byte, as scaled_gemm takes
+them), the errors of wrong scales, and the refusal on a bundle without such kernels.
 
     python -m pytest -q tests/gpu/test_blockscaled.py   (TILEKILN_TEST_BUNDLE: the bundle under test)
 
@@ -19,41 +20,51 @@ pytestmark = pytest.mark.gpu
 SHAPES = ((257, 200, 128), (1, 576, 256), (1000, 1032, 1024), (129, 1536, 7168), (4096, 4096, 4096))
 
 
-def _mx_kernels(bundle):
-    return [k for k in bundle.kernels if k.config.block_scale is not None and k.config.dtypes.a.value == "e4m3"]
+FORMATS = ("mxfp8", "nvfp4", "mxfp4")
 
 
-def _operands(torch, m, n, k, gen):
-    """mxfp8 a (M, K) and w (N, K) of normals whose 32-element blocks differ in magnitude by up to
-    2^16, so a kernel that read another block's scale would be far off; the blocked scales."""
+def _mx_kernels(bundle, name="mxfp8"):
+    from tilekiln.spec import BLOCK_SCALE_FORMATS
+
+    fmt = BLOCK_SCALE_FORMATS[name]
+    return [k for k in bundle.kernels if k.config.block_scale == fmt.scale and k.config.dtypes.a == fmt.data]
+
+
+def _operands(torch, m, n, k, gen, name="mxfp8"):
+    """a (M, K) and w (N, K) in format ``name`` (fp4 packed: (M, K/2), (N, K/2)), of normals whose
+    scale blocks differ in magnitude by up to 2^16, so a kernel that read another block's scale
+    would be far off; their row-major scales."""
     from tilekiln import blockscaled as bs
 
-    def data(rows):
-        spread = 2.0 ** torch.randint(-8, 9, (rows, k // 32), device="cuda", generator=gen)
-        return torch.randn(rows, k, device="cuda", generator=gen) * spread.repeat_interleave(32, 1)
+    block = bs.format_of(name).scale.block
 
-    a, sa = bs.quantize(data(m), "mxfp8")
-    w, sw = bs.quantize(data(n), "mxfp8")
+    def data(rows):
+        spread = 2.0 ** torch.randint(-8, 9, (rows, k // block), device="cuda", generator=gen)
+        return torch.randn(rows, k, device="cuda", generator=gen) * spread.repeat_interleave(block, 1)
+
+    a, sa = bs.quantize_operand(data(m), name)
+    w, sw = bs.quantize_operand(data(n), name)
     return a, sa, w, sw
 
 
-def test_every_mxfp8_kernel_matches_the_dequantized_float64_product(torch, bundle):
+@pytest.mark.parametrize("name", FORMATS)
+def test_every_block_scaled_kernel_matches_the_dequantized_float64_product(torch, bundle, name):
     from tilekiln import blockscaled as bs
 
-    kernels = _mx_kernels(bundle)
+    kernels = _mx_kernels(bundle, name)
     if not kernels or torch.cuda.get_device_capability()[0] != 10:
-        pytest.skip("needs a bundle with mxfp8 kernels on a compute capability 10.x device")
+        pytest.skip(f"needs a bundle with {name} kernels on a compute capability 10.x device")
     failures = []
     for kernel in kernels:
         for i, (m, n, k) in enumerate(SHAPES):
             gen = torch.Generator(device="cuda").manual_seed(3700 + 10 * kernel.index + i)
-            a, sa, w, sw = _operands(torch, m, n, k, gen)
-            ref = bs.reference_mm(a, sa, w, sw, "mxfp8")
+            a, sa, w, sw = _operands(torch, m, n, k, gen, name)
+            ref = bs.reference_mm(a, sa, w, sw, name)
             runs = []
             for _ in range(2):
                 out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
                 bundle.scaled_gemm(a, w.t(), bs.to_blocked(sa), bs.to_blocked(sw), out=out, kernel=kernel.id,
-                                   scale_format="mxfp8")
+                                   scale_format=name)
                 runs.append(out)
             torch.cuda.synchronize()
             per_row = (runs[0].double() - ref).norm(dim=1) / ref.norm(dim=1)
@@ -83,6 +94,30 @@ def test_wrong_scales_raise_naming_the_argument_and_leave_the_device_usable(torc
     with pytest.raises(error, match=re.escape(text)):
         bundle.scaled_gemm(*change(torch, *args), scale_format="mxfp8")
     out = bundle.scaled_gemm(*args, scale_format="mxfp8")
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any()
+
+
+@pytest.mark.parametrize("name, change, error, text", [
+    ("nvfp4", lambda t, a, b, sa, sb: (a.view(t.uint8), b, sa, sb), TypeError,
+     "a: nvfp4 takes torch.float4_e2m1fn_x2 elements packed two per byte, got torch.uint8"),
+    ("nvfp4", lambda t, a, b, sa, sb: (a, b, sa.view(t.float8_e8m0fnu), sb), ValueError,
+     "scale_a: dtype torch.float8_e8m0fnu, not torch.float8_e4m3fn"),
+    ("mxfp4", lambda t, a, b, sa, sb: (a[:, :48], b[:48], sa, sb), ValueError,
+     "a: K = 96 (a.shape[1] = 48 bytes of two elements) is not a multiple of 128"),
+])
+def test_wrong_fp4_operands_raise_naming_the_argument_and_leave_the_device_usable(torch, bundle, name, change, error,
+                                                                                   text):
+    from tilekiln import blockscaled as bs
+
+    if not _mx_kernels(bundle, name):
+        pytest.skip(f"the bundle has no {name} kernel")
+    gen = torch.Generator(device="cuda").manual_seed(3850)
+    a, sa, w, sw = _operands(torch, 300, 200, 256, gen, name)
+    args = (a, w.t(), bs.to_blocked(sa), bs.to_blocked(sw))
+    with pytest.raises(error, match=re.escape(text)):
+        bundle.scaled_gemm(*change(torch, *args), scale_format=name)
+    out = bundle.scaled_gemm(*args, scale_format=name)
     torch.cuda.synchronize()
     assert not torch.isnan(out).any()
 

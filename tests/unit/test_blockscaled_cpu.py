@@ -240,7 +240,8 @@ def test_an_mxfp8_call_runs_only_on_an_mxfp8_kernel():
     # and a per-tensor scaled call never runs on the block-scaled kernel
     assert check_kernel(mx, _problem(())) == "block_scale: kernel computes sfe8m0x32, the call asks for None"
     assert check_kernel(dense, _problem(())) is None
-    assert bs.requested_format(bs.block_request("mxfp8")) == "mxfp8" and bs.requested_format(()) is None
+    assert bs.requested_format(bs.block_request("mxfp8"), torch.float8_e4m3fn) == "mxfp8"
+    assert bs.requested_format((), torch.float8_e4m3fn) is None
 
 
 def test_a_bundle_without_block_scaled_kernels_refuses_with_the_arch_message(tmp_path):
@@ -259,10 +260,8 @@ def test_a_bundle_without_block_scaled_kernels_refuses_with_the_arch_message(tmp
 def test_scale_format_names_the_block_scaled_formats():
     from tilekiln.blockwise import scale_format_token
 
-    assert scale_format_token("mxfp8") == "mxfp8"
-    with pytest.raises(ValueError, match="scale_format: 'nvfp4' takes packed fp4 operands"):
-        scale_format_token("nvfp4")
-    with pytest.raises(ValueError, match="'tensor', 'rowwise', 'blockwise', 'mxfp8'"):
+    assert [scale_format_token(name) for name in ("mxfp8", "nvfp4", "mxfp4")] == ["mxfp8", "nvfp4", "mxfp4"]
+    with pytest.raises(ValueError, match="'tensor', 'rowwise', 'blockwise', 'mxfp8', 'nvfp4', 'mxfp4'"):
         scale_format_token("mx")
 
 
@@ -279,3 +278,138 @@ def test_an_mxfp8_call_asks_for_its_block_scale_and_its_bias():
     assert _scaled_request(a, b, "mxfp8", None, None, None) == (("block_scale", "sfe8m0x32"),)
     bias = torch.zeros(b.shape[1], dtype=torch.float32)
     assert _scaled_request(a, b, "mxfp8", None, None, bias) == (("block_scale", "sfe8m0x32"), ("bias", "f32"))
+
+
+# -- packed fp4 operands --------------------------------------------------------------------------
+
+
+def _fp4_operands(name, m=130, n=200, k=256, seed=0):
+    """Packed ``a`` (M, K/2), ``b`` = the packed weight's transpose (K/2, N), their blocked scales,
+    and the unpacked codes and row-major scales they came from."""
+    gen = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
+    a, sa = bs.quantize_operand(x.to(torch.bfloat16), name)
+    wq, sw = bs.quantize_operand(w.to(torch.bfloat16), name)
+    return a, wq.t(), bs.to_blocked(sa), bs.to_blocked(sw), (x, sa, w, sw)
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
+def test_quantize_operand_packs_two_e2m1_elements_per_byte(name):
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
+    codes, scales = bs.quantize(x, name)
+    packed, packed_scales = bs.quantize_operand(x, name)
+    assert packed.dtype == torch.float4_e2m1fn_x2 and packed.shape == (3, 32) and packed.is_contiguous()
+    assert torch.equal(packed_scales.view(torch.uint8), scales.view(torch.uint8))
+    raw = packed.view(torch.uint8)
+    assert torch.equal(raw & 15, codes[:, 0::2]) and torch.equal(raw >> 4, codes[:, 1::2])
+    assert torch.equal(bs.dequantize(packed, scales, name), bs.dequantize(codes, scales, name))
+
+
+def test_quantize_operand_leaves_mxfp8_elements_as_they_are():
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(2))
+    elements, _ = bs.quantize_operand(x, "mxfp8")
+    assert elements.dtype == torch.float8_e4m3fn and elements.shape == (2, 64)
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
+def test_the_packed_reference_product_is_the_unpacked_one_and_near_the_float64_product(name):
+    a, b, _, _, (x, sa, w, sw) = _fp4_operands(name)
+    ref = bs.reference_mm(a, sa, b.t(), sw, name)
+    codes_a, _ = bs.quantize(x.to(torch.bfloat16), name)
+    codes_w, _ = bs.quantize(w.to(torch.bfloat16), name)
+    assert torch.equal(ref, bs.reference_mm(codes_a, sa, codes_w, sw, name))
+    exact = x.double() @ w.double().t()
+    # fp4 keeps about one bit of mantissa: each product within 25 % of the operands' scale.
+    assert ((ref - exact).norm(dim=1) / exact.norm(dim=1)).max() < 0.25
+
+
+def test_a_packed_operand_is_described_in_e2m1_elements():
+    from tilekiln._tensors import describe
+
+    a, b, _, _, _ = _fp4_operands("nvfp4", m=130, n=200, k=256)
+    da, db = describe(a, "a"), describe(b, "b")
+    assert (da.shape, da.strides, da.dtype) == ((130, 256), (256, 1), "e2m1")
+    assert (db.shape, db.strides, db.dtype) == ((256, 200), (1, 256), "e2m1")
+    assert da.ptr == a.data_ptr() and db.ptr == b.data_ptr()
+
+
+def test_a_packed_operand_without_a_unit_stride_is_refused_naming_it():
+    from tilekiln._tensors import describe
+
+    a, _, _, _, _ = _fp4_operands("nvfp4")
+    with pytest.raises(ValueError, match=r"a: a torch\.float4_e2m1fn_x2 tensor packs two elements along a unit-stride"):
+        describe(a[:, ::2], "a")
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
+def test_well_formed_fp4_operands_and_scales_pass(name):
+    a, b, sa, sb, _ = _fp4_operands(name)
+    bs.check_block_scales(a, b, sa, sb, name)
+    assert sa.dtype == bs.scale_dtype(name) and sa.shape == bs.blocked_shape(130, 256, name)
+
+
+def _copied(t):
+    """A contiguous float4_e2m1fn_x2 copy of ``t`` (torch copies no fp4 tensor itself)."""
+    return t.view(torch.uint8).contiguous().view(torch.float4_e2m1fn_x2)
+
+
+@pytest.mark.parametrize("name, change, error, match", [
+    ("nvfp4", lambda a, b, sa, sb: (a.view(torch.uint8), b, sa, sb), TypeError,
+     r"a: nvfp4 takes torch\.float4_e2m1fn_x2 elements packed two per byte, got torch\.uint8; .*quantize_operand"),
+    ("mxfp4", lambda a, b, sa, sb: (a, b.t().contiguous().view(torch.uint8).t(), sa, sb), TypeError,
+     r"b: mxfp4 takes torch\.float4_e2m1fn_x2 elements"),
+    ("nvfp4", lambda a, b, sa, sb: (a[:, :48], b[:48], sa, sb), ValueError,
+     r"a: K = 96 \(a\.shape\[1\] = 48 bytes of two elements\) is not a multiple of 64"),
+    ("mxfp4", lambda a, b, sa, sb: (a[:, :96], b[:96], sa, sb), ValueError, r"a: K = 192 .* is not a multiple of 128"),
+    ("nvfp4", lambda a, b, sa, sb: (a, b, sa.view(torch.float8_e8m0fnu), sb), ValueError,
+     r"scale_a: dtype torch\.float8_e8m0fnu, not torch\.float8_e4m3fn"),
+    ("mxfp4", lambda a, b, sa, sb: (a, b, sa, sb.view(torch.float8_e4m3fn)), ValueError,
+     r"scale_b: dtype torch\.float8_e4m3fn, not torch\.float8_e8m0fnu"),
+    ("nvfp4", lambda a, b, sa, sb: (a, b, sa[:, :2], sb), ValueError,
+     r"scale_a: shape \[2, 2, 32, 4, 4\], not \[2, 4, 32, 4, 4\]"),
+    ("nvfp4", lambda a, b, sa, sb: (_copied(a.view(torch.uint8).t()).t(), b, sa, sb), ValueError,
+     r"a: nvfp4 scaled_gemm takes a row-major \(M, K / 2\) float4_e2m1fn_x2 tensor"),
+    ("mxfp4", lambda a, b, sa, sb: (a, _copied(b), sa, sb), ValueError, r"b: mxfp4 scaled_gemm takes b K-major"),
+])
+def test_malformed_fp4_calls_are_refused_naming_the_argument(name, change, error, match):
+    args = change(*_fp4_operands(name)[:4])
+    with pytest.raises(error, match=match):
+        bs.check_block_scales(*args, name)
+
+
+def test_mxfp4_and_mxfp8_share_a_block_scale_and_the_elements_tell_them_apart():
+    from tilekiln._torch import _scaled_request
+
+    assert bs.block_request("mxfp4") == bs.block_request("mxfp8") != bs.block_request("nvfp4")
+    request = bs.block_request("mxfp4")
+    assert bs.requested_format(request, torch.float4_e2m1fn_x2) == "mxfp4"
+    assert bs.requested_format(request, torch.float8_e4m3fn) == "mxfp8"
+    assert bs.requested_format(bs.block_request("nvfp4"), torch.float4_e2m1fn_x2) == "nvfp4"
+    a, b, _, _, _ = _fp4_operands("mxfp4")
+    assert _scaled_request(a, b, "mxfp4", None, None, None) == (("block_scale", "sfe8m0x32"),)
+    # An mxfp8 call of fp4 elements (or the reverse) is refused before a kernel is chosen.
+    with pytest.raises(TypeError, match=r"a: mxfp8 takes torch\.float8_e4m3fn elements, got torch\.float4_e2m1fn_x2"):
+        _scaled_request(a, b, "mxfp8", None, None, None)
+    a8, b8, _, _ = _operands()
+    with pytest.raises(TypeError, match=r"a: mxfp4 takes torch\.float4_e2m1fn_x2 elements packed two per byte"):
+        _scaled_request(a8, b8, "mxfp4", None, None, None)
+
+
+def test_an_nvfp4_call_runs_only_on_an_nvfp4_kernel():
+    from tilekiln._tensors import describe
+    from tilekiln.problem import make_problem
+    from tilekiln.select import check_kernel
+    from tilekiln.spec import BlockScale, DType, DTypes
+
+    import dataclasses
+
+    a, b, _, _, _ = _fp4_operands("nvfp4", m=256, n=384, k=512)
+    # Described as scaled_gemm describes them, placed on a device (make_problem refuses host memory).
+    a_op, b_op = (dataclasses.replace(describe(t, name), device=0) for t, name in ((a, "a"), (b, "b")))
+    asked = make_problem(a_op, b_op, None, "bf16", bs.block_request("nvfp4"))
+    e2m1 = DTypes(DType("e2m1"), DType("e2m1"), DType("f32"), DType("bf16"))
+    nv = _record(0, "nv", block_scale=BlockScale(DType("e4m3"), 16), dtypes=e2m1)
+    mx4 = _record(1, "mx4", block_scale=BlockScale(DType("e8m0"), 32), dtypes=e2m1)
+    assert (asked.m, asked.n, asked.k) == (256, 384, 512)
+    assert check_kernel(nv, asked) is None
+    assert check_kernel(mx4, asked) == "block_scale: kernel computes sfe8m0x32, the call asks for sfe4m3x16"

@@ -1,10 +1,12 @@
 """Each Blackwell-family bundle of the default catalog holds what its pipeline adds.
 
-The sm107a bundle's fp8 kernels come from the sm107 pipeline and are rendered
-with SM 10.7's 64-byte MMA K; no other bundle gets one, and no sm107a kernel
-uses the 32-byte fp8 MMA in its place. sm103 adds only the block-scaled fp4
-MMA (K 48), which no template builds yet, so the sm103a bundle's kernels are
-the sm100 pipeline's. Validation and rendering only: no compile.
+The sm107a bundle's fp8 kernels, dense and block-scaled (mxfp8), and its mxfp4
+kernels come from the sm107 pipeline and are rendered with SM 10.7's 64-byte
+MMA K; no other bundle gets one, and no sm107a kernel uses the 32-byte MMA in
+their place (its nvfp4 kernels keep it: BLOCK-SCALE-MMA-K). sm103 adds only
+the block-scaled fp4 MMA (K 48), which no template builds yet, so the sm103a
+bundle's kernels are the sm100 pipeline's. Validation and rendering only: no
+compile.
 """
 
 from __future__ import annotations
@@ -48,3 +50,19 @@ def test_family_and_b300_bundles_hold_only_sm100_pipeline_kernels():
     for target in ("sm_100f", "sm_103a"):
         assert {c.entry.config.pipeline for c in targets[target]} == {"sm100"}, target
     assert {c.entry.config.pipeline for c in targets["sm_107a"]} == {"sm100", "sm107"}
+
+
+def test_rubin_block_scaled_kernels_use_the_64_byte_mma_k_except_nvfp4():
+    targets = by_target()
+    scaled = {t: [c for c in kernels if c.entry.config.block_scale is not None] for t, kernels in targets.items()}
+    formats = {t: {(c.entry.config.dtypes.a.value, c.entry.config.block_scale.scale.value,
+                    c.entry.config.block_scale.block) for c in kernels} for t, kernels in scaled.items()}
+    everything = {("e4m3", "e8m0", 32), ("e2m1", "e4m3", 16), ("e2m1", "e8m0", 32)}
+    assert formats["sm_100a"] == formats["sm_103a"] == formats["sm_107a"] == everything
+    for ctx in scaled["sm_107a"]:
+        nvfp4 = ctx.entry.config.block_scale.block == 16
+        assert ctx.entry.config.pipeline == ("sm100" if nvfp4 else "sm107"), ctx.entry.config
+        assert ctx.plan.mma_k_bytes == (32 if nvfp4 else 64) and ctx.plan.k_blocks == ctx.plan.cta_k_bytes // (
+            ctx.plan.mma_k_bytes)
+    for target in ("sm_100a", "sm_103a"):
+        assert all(c.entry.config.pipeline == "sm100" and c.plan.mma_k_bytes == 32 for c in scaled[target]), target

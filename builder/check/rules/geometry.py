@@ -141,6 +141,26 @@ def check_block_scale_tile(ctx: KernelContext) -> Iterator[Diagnostic]:
                        tile_k=cfg.tile.k, scale_block=cfg.block_scale.block, block_scale_atom_k_blocks=blocks)
 
 
+@rule("BLOCK-SCALE-MMA-K", "one block-scaled MMA reads no more scale blocks than its template copies per MMA")
+def check_block_scale_mma_k(ctx: KernelContext) -> Iterator[Diagnostic]:
+    cfg = ctx.entry.config
+    params = ctx.template.manifest.parameters if ctx.template else None
+    limit = getattr(params, "max_scale_blocks_per_mma", None)
+    if cfg.block_scale is None or limit is None:
+        return
+    k_bytes = ctx.facts.require("mma_k_bytes")
+    mma_k = k_bytes * 8 // cfg.mma_dtypes.a.bits
+    per_mma = mma_k // cfg.block_scale.block
+    if per_mma > limit:
+        yield ctx.diag("BLOCK-SCALE-MMA-K", "block_scale",
+                       f"pipeline {ctx.facts.pipeline}'s {k_bytes}-byte MMA K is {mma_k} {cfg.mma_dtypes.a.value} "
+                       f"elements, {per_mma} scale blocks of {cfg.block_scale.block}: more than the {limit} that "
+                       f"template {ctx.template.name} copies into tensor memory per MMA (max_scale_blocks_per_mma)",
+                       f"use block {mma_k // limit} scales, or pipeline sm100 (32-byte MMA K)",
+                       mma_k_bytes=k_bytes, scale_block=cfg.block_scale.block, blocks_per_mma=per_mma,
+                       max_scale_blocks_per_mma=limit)
+
+
 @rule("CLUSTER-SHAPE", "the cluster fits the pipeline's cluster limit and has power-of-two dims")
 def check_cluster(ctx: KernelContext) -> Iterator[Diagnostic]:
     c = ctx.entry.config.cluster

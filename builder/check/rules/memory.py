@@ -122,7 +122,10 @@ def check_tmem(ctx: KernelContext) -> Iterator[Diagnostic]:
                        f"use tile N <= {cfg.tile.n * total // cols // 8 * 8}, or at most {total // per_stage} "
                        "accumulator stages in the template", acc_stages=plan.acc_stages, tmem_columns=total,
                        tmem_acc_columns=cols)
-    elif ctx.facts.has("tmem_exclusive_above") and cols > ctx.facts.require("tmem_exclusive_above"):
+    elif (ctx.facts.has("tmem_exclusive_above") and cols > ctx.facts.require("tmem_exclusive_above")
+          and 2 * plan.smem.total <= ctx.facts.require("smem_per_block_optin")):
+        # Where the kernel's shared memory already keeps a second CTA off the SM, taking all of
+        # tensor memory costs nothing, and the columns above the line are what the pipeline offers.
         above = ctx.facts.require("tmem_exclusive_above")
         yield ctx.diag("TMEM-COLUMNS", "tile", f"{shape} need {cols} TMEM columns, more than {above} "
                        "(tmem_exclusive_above): the kernel must allocate all of tensor memory exclusively, so no "
