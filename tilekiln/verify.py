@@ -10,9 +10,10 @@ kernel leaves unwritten fails. The fp32-result kernels run as split-K (bf16)
 and, for fp8, straight into a float32 result. Blockwise-scaled kernels run
 on inputs quantized by ``quantize_fp8_blockwise`` (K rounded up to a multiple
 of 128), against the product of the dequantized inputs; row-wise-scaled ones on
-fresh (M, 1) and (1, N) scales; fp8-result (e4m3 C) ones with a scale_result that saturates the
-largest values, against the float64 reference saturated and rounded to e4m3; residual kernels on a fresh residual, once into
-a separate output and once in place (the output is the residual). SwiGLU kernels run with N
+fresh (M, 1) and (1, N) scales; fp8-result (e4m3 C) ones with a scale_result
+that saturates the largest values, against the float64 reference saturated
+and rounded to e4m3; residual kernels on a fresh residual, once into a
+separate output and once in place (the output is the residual). SwiGLU kernels run with N
 rounded up to whole gate/up block pairs (I then not a multiple of their tiles' half), writing N/2
 columns, against the float64 product paired by torch. Block-scaled (mxfp8) kernels run on inputs
 quantized by ``tilekiln.blockscaled.quantize_operand`` (K rounded up to whole scale-factor atoms), their
