@@ -16,7 +16,7 @@ from pathlib import Path
 import jinja2
 
 from builder.check.context import KernelContext
-from tilekiln.spec import BLOCK_EXTENTS, BLOCKWISE_BLOCK, FAMILIES, GLU_BLOCK
+from tilekiln.spec import BLOCK_EXTENTS, BLOCKWISE_BLOCK, FAMILIES, GLU_BLOCK, SCALED_OUTPUTS
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,8 @@ def template_context(ctx: KernelContext) -> dict[str, object]:
     """The template variables: the kernel's config (``cfg``, every field of tilekiln/spec.py's
     KernelConfig), the plan the validator checked (``plan``), its family's arguments
     (``family``), the blockwise scale block and the extents counted in it (``block``,
-    ``block_extents``), the gated weights' block of rows (``glu_block``), and the one fact value a
+    ``block_extents``), the gated weights' block of rows (``glu_block``), the largest finite C an
+    8-bit output saturates to (``c_finite_max``, 0 for other outputs; the docstring states it), and the one fact value a
     template embeds."""
     cfg = ctx.entry.config
     return {
@@ -55,6 +56,7 @@ def template_context(ctx: KernelContext) -> dict[str, object]:
         "block": BLOCKWISE_BLOCK,
         "block_extents": tuple(BLOCK_EXTENTS),
         "glu_block": GLU_BLOCK,
+        "c_finite_max": SCALED_OUTPUTS.get(cfg.dtypes.c.value, 0.0),
         # Read only by kernels that hint a load, so a pipeline without the fact builds the rest.
         "evict_first_policy": hex(ctx.facts.require("tma_cache_policy_evict_first")) if cfg.evict_first else "0",
     }

@@ -48,7 +48,7 @@ from tilekiln.blockwise import check_scale_tensor, check_scales, scale_format_to
 from tilekiln.bundle import Bundle, raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
 from tilekiln.problem import requested_epilogue, result_shape, result_strides
-from tilekiln.spec import GLU_BLOCK
+from tilekiln.spec import DTYPES, GLU_BLOCK, SCALED_OUTPUTS
 
 Tensor = torch.Tensor
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -310,9 +310,11 @@ def gemm(bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, kernel: str |
 
 
 def scaled_gemm(bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_dtype, out: Tensor | None, stream,
-                kernel: str | None = None, scale_format: str | None = None, bias: Tensor | None = None):
+                kernel: str | None = None, scale_format: str | None = None, bias: Tensor | None = None,
+                scale_result: Tensor | None = None):
     """``scaled_gemm`` for torch tensors; not differentiable, like ``torch._scaled_mm``. ``scale_format``
-    None: per-tensor or row-wise, as the scales' shapes say (:func:`scale_format_of`)."""
+    None: per-tensor or row-wise, as the scales' shapes say (:func:`scale_format_of`).
+    ``scale_result``: an fp8 result's one-element float32 scale (:func:`check_scale_result`)."""
     scale_format = scale_format_of(scale_format, scale_a, scale_b)
     if _is_compiling():
         if stream is not None:
@@ -320,16 +322,63 @@ def scaled_gemm(bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_dtype, out: 
                             "with torch.cuda.stream(...) instead")
         ref = bundle_ref(bundle)
         if out is None:
-            return scaled_gemm_op(a, b, scale_a, scale_b, out_dtype, ref, kernel or "", scale_format, bias)
-        scaled_gemm_out_op(a, b, scale_a, scale_b, out, ref, kernel or "", scale_format, bias)
+            return scaled_gemm_op(a, b, scale_a, scale_b, out_dtype, ref, kernel or "", scale_format, bias,
+                                  scale_result)
+        scaled_gemm_out_op(a, b, scale_a, scale_b, out, ref, kernel or "", scale_format, bias, scale_result)
         return out
-    if _grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in (a, b, scale_a, scale_b, bias)):
+    if _grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad
+                               for t in (a, b, scale_a, scale_b, bias, scale_result)):
         raise RuntimeError("scaled_gemm is not differentiable (as torch._scaled_mm is not); "
                            "detach its inputs or call it under torch.no_grad()")
     if not isinstance(bundle, Bundle):
         bundle = resolve(bundle_ref(bundle), a.get_device())
     return run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream, kernel,
-                           _scaled_request(a, b, scale_format, out_dtype, out, bias), bias)
+                           _scaled_request(a, b, scale_format, out_dtype, out, bias, scale_result), bias,
+                           scale_result)
+
+
+# torch dtypes of the results an epilogue writes through scale_result (tilekiln/spec.py, SCALED_OUTPUTS).
+SCALED_RESULTS = {getattr(torch, DTYPES[t].torch): t for t in SCALED_OUTPUTS}
+
+
+def _result_dtype(out_dtype, out: Tensor | None) -> torch.dtype:
+    """A scaled call's result type: out's, or out_dtype, bf16 by default."""
+    return out.dtype if out is not None else torch.bfloat16 if out_dtype is None else out_dtype
+
+
+def saturate_result(value: Tensor, scale_result, dtype: torch.dtype) -> Tensor:
+    """``value * scale_result`` saturated to ``dtype``'s finite range and rounded to it, as an fp8
+    epilogue writes it (the references of tilekiln.verify and the GPU tests)."""
+    limit = torch.finfo(dtype).max
+    return (value * scale_result).clamp(-limit, limit).to(dtype)
+
+
+def check_scale_result(scale_result, dtype: torch.dtype, device) -> None:
+    """Check a scaled call's ``scale_result`` against its result type ``dtype``: an fp8 result
+    (float8_e4m3fn) needs a one-element float32 tensor on the inputs' device, as torch._scaled_mm
+    takes it; any other result takes none. TypeError or ValueError naming the argument."""
+    fp8 = dtype in SCALED_RESULTS
+    if scale_result is None:
+        if fp8:
+            raise ValueError(f"scale_result: a {dtype} result is written as saturate(value * scale_result); pass a "
+                             "one-element float32 tensor on the inputs' device (torch.ones(1, device=a.device) "
+                             "for none)")
+        return
+    if not fp8:
+        raise ValueError(f"scale_result: applies to a float8_e4m3fn result only, and this call's result is "
+                         f"{dtype}; pass out_dtype=torch.float8_e4m3fn, or drop scale_result")
+    want = "a one-element float32 tensor on the inputs' device (the fp8 result's scale, as torch._scaled_mm takes it)"
+    if not isinstance(scale_result, Tensor):
+        raise TypeError(f"scale_result: expected {want}; got {type(scale_result).__name__}")
+    problems = []
+    if scale_result.dtype != torch.float32:
+        problems.append(f"dtype {scale_result.dtype} (convert with .float())")
+    if scale_result.numel() != 1:
+        problems.append(f"{scale_result.numel()} elements")
+    if scale_result.device != device:
+        problems.append(f"device {scale_result.device}")
+    if problems:
+        raise ValueError(f"scale_result: expected {want}; got {', '.join(problems)}")
 
 
 _BLOCKWISE = ("scaling", "blockwise")
@@ -337,14 +386,26 @@ _ROWWISE = ("scaling", "rowwise")
 
 
 def _scaled_request(a: Tensor, b: Tensor, scale_format: str, out_dtype, out: Tensor | None,
-                    bias: Tensor | None) -> tuple[tuple[str, object], ...]:
+                    bias: Tensor | None, scale_result: Tensor | None = None) -> tuple[tuple[str, object], ...]:
     """The requested fields of a scaled call: its scale format (the per-tensor default asks for
     nothing; a block-scaled format, its block scale), then its bias, checked against the result's
-    type (out's, or out_dtype, bf16 by default)."""
+    type (out's, or out_dtype, bf16 by default). An fp8 result takes its ``scale_result``
+    (:func:`check_scale_result`), a per-tensor or row-wise scale format and no bias, which the
+    fp8 epilogue would have to add before the output scale."""
+    dtype = _result_dtype(out_dtype, out)
+    check_scale_result(scale_result, dtype, a.device)
+    if dtype in SCALED_RESULTS:
+        if scale_format not in ("tensor", "rowwise"):
+            raise ValueError(f"out_dtype: a {dtype} result is written by per-tensor or row-wise scaled kernels; "
+                             f"scale_format={scale_format!r} writes bf16 or fp32, so pass out_dtype=torch.bfloat16 "
+                             "and quantize the result")
+        if bias is not None:
+            raise ValueError(f"bias: a {dtype} result takes no bias (it would be added before the output scale "
+                             "and the saturation, which no fp8-output kernel does); add it to a bf16 result, or "
+                             "fold it into the next layer")
     if bias is None:
         bias_type = "none"
     else:
-        dtype = out.dtype if out is not None else torch.bfloat16 if out_dtype is None else out_dtype
         n = b.shape[-1] if b.dim() >= 1 else 0
         bias_type = bias_token(bias, a, n, dtype, "the result's")
     if scale_format in RUNTIME_BLOCK_FORMATS:
@@ -385,6 +446,12 @@ def linear(bundle, x: Tensor, weight: Tensor, bias: Tensor | None, activation, r
             y = add_bias(y, bias)
         y = ACTIVATIONS[act](y)
     elif _is_compiling():
+        n = weight.shape[0]
+        if isinstance(residual, Tensor) and tuple(residual.shape) == (*x.shape[:-1], n) \
+                and residual.dtype == x.dtype and residual.device == x.device:
+            # The graph's one node adds the residual too (fused where its strides allow, gemm_op).
+            y = gemm_op(rows, weight.t(), bundle_ref(bundle), "", False, act, bias, residual.reshape(-1, n))
+            return _linear_result(y, x, weight, None) if out is None else out.copy_(y.reshape(out.shape))
         y = gemm_op(rows, weight.t(), bundle_ref(bundle), "", False, act, bias)
     else:
         if not isinstance(bundle, Bundle):
@@ -542,7 +609,7 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
     lib = bundle._lib
     buf = lib.call_buffer("gemm")
     _pack_call(buf, 0, pa, pb, pc, 0, 0, 0 if bias is None else bias.data_ptr(),
-               0 if residual is None else residual.data_ptr(), handle)
+               0 if residual is None else residual.data_ptr(), 0, handle)
     status = lib.run["gemm"](block, buf)
     if status:
         raise LaunchError(plan.kernel_id, lib.error_name(status), lib.error_string(status))
@@ -564,16 +631,19 @@ def _apply_unfused(plan, result: Tensor, out: Tensor | None, stream, bias: Tenso
 
 
 def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_dtype, out, stream, kernel,
-                    requested=(), bias: Tensor | None = None):
+                    requested=(), bias: Tensor | None = None, scale_result: Tensor | None = None):
     """The scaled call, checked (the scales' and bias's shape, dtype, strides and device are part of
     the cached plan's key, so a cached plan never serves a call its checks would refuse) and launched.
-    ``requested`` (:func:`_scaled_request`): the scale format, then the bias, whose type the caller checked."""
+    ``requested`` (:func:`_scaled_request`): the scale format, then the bias, whose type the caller
+    checked, as it checked ``scale_result`` against the result's type. An fp8 result runs unsplit:
+    split-K's fp32 partial sums would be added after the kernel's output scale."""
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+    fp8_result = (out_dtype if out is None else out.dtype) in SCALED_RESULTS
     blockwise, rowwise = _BLOCKWISE in requested, _ROWWISE in requested
     block_format = requested_format(requested, a.dtype)
     key = ("scaled", a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.get_device(), b.get_device(),
            None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()), kernel, out_dtype,
-           _scale_signature(scale_a), _scale_signature(scale_b), requested)
+           _scale_signature(scale_a), _scale_signature(scale_b), requested, _scale_signature(scale_result))
     plan = bundle._plans.get(key)
     if plan is None:
         if block_format is not None:
@@ -586,8 +656,8 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
             check_rowwise_scales(a, b, scale_a, scale_b)
         try:
             plan = bundle.plan(a_op, b_op, None if out is None else describe(out, "out"),
-                               kernel, torch_dtype_token(out_dtype), allow_split=True, requested=requested,
-                               scale_strides=scale_strides)
+                               kernel, torch_dtype_token(out_dtype), allow_split=not fp8_result,
+                               requested=requested, scale_strides=scale_strides)
         except NoKernelError as exc:
             if not rowwise:
                 raise
@@ -621,8 +691,12 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
         name = "scale_a" if pa & 3 else "scale_b"
         raise ValueError(f"{name}: data pointer is not 4-byte aligned (a float32 view at an odd byte offset); "
                          "pass a fresh float32 tensor")
+    if fp8_result and scale_result.data_ptr() & 3:
+        raise ValueError("scale_result: data pointer is not 4-byte aligned (a float32 view at an odd byte offset); "
+                         "pass a fresh float32 tensor")
     bundle.launch(plan, a.data_ptr(), b.data_ptr(), out.data_ptr(), _stream_handle(stream, plan.problem.device),
-                  pa, pb, 0 if bias is None else bias.data_ptr())
+                  pa, pb, 0 if bias is None else bias.data_ptr(), 0,
+                  scale_result.data_ptr() if fp8_result else 0)
     return out
 
 
@@ -648,25 +722,48 @@ def _fake_result(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
 
 @torch.library.custom_op("tilekiln::gemm", mutates_args=())
 def gemm_op(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool, activation: str,
-            bias: Tensor | None = None) -> Tensor:
-    """``activation(a @ b + bias)`` on ``bundle``'s kernels (each fused where one computes it, else
-    applied by torch; ``bias`` an (N,) vector or None); with ``fallback``, through ``torch.matmul``
-    where no kernel accepts the operands (the backward GEMMs, whose layouts the caller did not
-    choose)."""
+            bias: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+    """``activation(a @ b + bias) + residual`` on ``bundle``'s kernels (each fused where one computes
+    it, else applied by torch; ``bias`` an (N,) vector or None; ``residual`` None or an (M, N)
+    tensor of the result's type, fused where its strides are the result's, else added in fp32
+    and rounded once); with ``fallback``, through ``torch.matmul`` where no kernel accepts the
+    operands (the backward GEMMs, whose layouts the caller did not choose)."""
     target = resolve(bundle, a.get_device())
     if not fallback:
         bias_type = "none" if bias is None else bias_token(bias, a, b.shape[-1])
-        requested = requested_epilogue(bias=bias_type, activation=activation)
-        return run_gemm(target, a, b, None, None, kernel or None, requested, bias)
+        if residual is None:
+            return run_gemm(target, a, b, None, None, kernel or None,
+                            requested_epilogue(bias=bias_type, activation=activation), bias)
+        _check_op_residual(a, b, residual)
+        shape, k = result_shape(tuple(a.shape), tuple(b.shape))
+        if all(size <= 1 or got == want
+               for size, got, want in zip(shape, residual.stride(), result_strides(shape, k, a.dtype.itemsize))):
+            return run_gemm(target, a, b, None, None, kernel or None,
+                            requested_epilogue(bias=bias_type, activation=activation, residual="add"), bias,
+                            residual)
+        y = run_gemm(target, a, b, None, None, kernel or None, requested_epilogue(bias=bias_type, activation=activation),
+                     bias)
+        return add_residual(y, residual)
     try:
         return run_gemm(target, a, b, None, None, None)
     except (NoKernelError, ValueError, TypeError):  # raised before any launch: no kernel takes these operands
         return torch.matmul(a, b)
 
 
+def _check_op_residual(a: Tensor, b: Tensor, residual: Tensor) -> None:
+    """gemm_op's residual: the 2-D result's shape, a's dtype and device."""
+    shape, _ = result_shape(tuple(a.shape), tuple(b.shape))
+    if len(shape) != 2 or tuple(residual.shape) != shape or residual.dtype != a.dtype or residual.device != a.device:
+        raise ValueError(f"residual: expected a tensor of the 2-D result's shape {list(shape)}, dtype {a.dtype} and "
+                         f"device {a.device}; got shape {list(residual.shape)}, dtype {residual.dtype}, device "
+                         f"{residual.device}")
+
+
 @gemm_op.register_fake
 def _gemm_fake(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool, activation: str,
-               bias: Tensor | None = None) -> Tensor:
+               bias: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
+    if residual is not None:
+        _check_op_residual(a, b, residual)
     shape, k = result_shape(tuple(a.shape), tuple(b.shape))
     if activation == "swiglu":
         shape = shape[:-1] + (shape[-1] // 2,)
@@ -683,9 +780,9 @@ def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
 
 
 def _gemm_setup(ctx, inputs, output) -> None:
-    a, b, bundle, _, _, activation, bias = inputs
+    a, b, bundle, _, _, activation, bias, residual = inputs
     ctx.swiglu = activation == "swiglu" and bias is None
-    ctx.epilogue = (activation != "none" or bias is not None) and not ctx.swiglu
+    ctx.epilogue = (activation != "none" or bias is not None or residual is not None) and not ctx.swiglu
     # SwiGLU's gradient needs the GEMM's result, which the backward recomputes from both inputs.
     ctx.save_for_backward(a if ctx.needs_input_grad[1] or ctx.swiglu else None,
                           b if ctx.needs_input_grad[0] or ctx.swiglu else None)
@@ -705,8 +802,8 @@ def _swiglu_grad(pre: Tensor, grad: Tensor) -> Tensor:
 
 def _gemm_backward(ctx, grad: Tensor):
     if ctx.epilogue:
-        raise RuntimeError("tilekiln::gemm with a bias or activation has no gradient; tilekiln.linear applies "
-                           "them unfused, through torch, when an input requires grad")
+        raise RuntimeError("tilekiln::gemm with a bias, activation or residual has no gradient; tilekiln.linear "
+                           "applies them unfused, through torch, when an input requires grad")
     a, b = ctx.saved_tensors
     if ctx.swiglu:
         grad = _swiglu_grad(gemm_op(a, b, ctx.bundle, "", True, "none"), grad)
@@ -721,7 +818,7 @@ def _gemm_backward(ctx, grad: Tensor):
                              "none")
         else:
             grad_b = _sum_to(gemm_op(a.mT, grad, ctx.bundle, "", True, "none"), b_shape)
-    return grad_a, grad_b, None, None, None, None, None
+    return grad_a, grad_b, None, None, None, None, None, None
 
 
 gemm_op.register_autograd(_gemm_backward, setup_context=_gemm_setup)
@@ -739,38 +836,44 @@ def _gemm_out_fake(a: Tensor, b: Tensor, out: Tensor, bundle: str, kernel: str) 
 
 @torch.library.custom_op("tilekiln::scaled_gemm", mutates_args=())
 def scaled_gemm_op(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out_dtype: torch.dtype | None,
-                   bundle: str, kernel: str, scale_format: str, bias: Tensor | None = None) -> Tensor:
+                   bundle: str, kernel: str, scale_format: str, bias: Tensor | None = None,
+                   scale_result: Tensor | None = None) -> Tensor:
     return run_scaled_gemm(resolve(bundle, a.get_device()), a, b, scale_a, scale_b, out_dtype, None, None,
-                           kernel or None, _scaled_request(a, b, scale_format, out_dtype, None, bias), bias)
+                           kernel or None, _scaled_request(a, b, scale_format, out_dtype, None, bias, scale_result),
+                           bias, scale_result)
 
 
 def _check_traced(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, scale_format: str, out_dtype, out,
-                  bias: Tensor | None) -> None:
+                  bias: Tensor | None, scale_result: Tensor | None) -> None:
     """The checks of a scaled call that shapes, dtypes and devices decide, while torch.compile traces
-    it: a bad row-wise scale or bias fails the trace with the eager call's message."""
+    it: a bad row-wise scale, bias or scale_result fails the trace with the eager call's message."""
     if scale_format == "rowwise":
         check_rowwise_scales(a, b, scale_a, scale_b)
-    _scaled_request(a, b, scale_format, out_dtype, out, bias)
+    _scaled_request(a, b, scale_format, out_dtype, out, bias, scale_result)
 
 
 @scaled_gemm_op.register_fake
 def _scaled_gemm_fake(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out_dtype: torch.dtype | None,
-                      bundle: str, kernel: str, scale_format: str, bias: Tensor | None = None) -> Tensor:
-    _check_traced(a, b, scale_a, scale_b, scale_format, out_dtype, None, bias)
+                      bundle: str, kernel: str, scale_format: str, bias: Tensor | None = None,
+                      scale_result: Tensor | None = None) -> Tensor:
+    _check_traced(a, b, scale_a, scale_b, scale_format, out_dtype, None, bias, scale_result)
     return _fake_result(a, b, torch.bfloat16 if out_dtype is None else out_dtype)
 
 
 @torch.library.custom_op("tilekiln::scaled_gemm_out", mutates_args=("out",))
 def scaled_gemm_out_op(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out: Tensor, bundle: str,
-                       kernel: str, scale_format: str, bias: Tensor | None = None) -> None:
+                       kernel: str, scale_format: str, bias: Tensor | None = None,
+                       scale_result: Tensor | None = None) -> None:
     run_scaled_gemm(resolve(bundle, a.get_device()), a, b, scale_a, scale_b, out.dtype, out, None,
-                    kernel or None, _scaled_request(a, b, scale_format, out.dtype, out, bias), bias)
+                    kernel or None, _scaled_request(a, b, scale_format, out.dtype, out, bias, scale_result), bias,
+                    scale_result)
 
 
 @scaled_gemm_out_op.register_fake
 def _scaled_gemm_out_fake(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out: Tensor, bundle: str,
-                          kernel: str, scale_format: str, bias: Tensor | None = None) -> None:
-    _check_traced(a, b, scale_a, scale_b, scale_format, out.dtype, out, bias)
+                          kernel: str, scale_format: str, bias: Tensor | None = None,
+                          scale_result: Tensor | None = None) -> None:
+    _check_traced(a, b, scale_a, scale_b, scale_format, out.dtype, out, bias, scale_result)
     return None
 
 

@@ -425,7 +425,7 @@ class Bundle:
         return torch_path().swiglu(self, x, w_gate_up, out)
 
     def scaled_gemm(self, a, b, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, stream=None,
-                    kernel: str | None = None, scale_format: str | None = None):
+                    kernel: str | None = None, scale_format: str | None = None, scale_result=None):
         """``(a @ b) * scale_a * scale_b + bias`` for fp8 inputs, like ``torch._scaled_mm``.
 
         ``scale_format`` None reads the scales' shapes: one-element float32 tensors on the inputs'
@@ -436,13 +436,15 @@ class Bundle:
         ``tilekiln.blockscaled.to_blocked`` makes (CC 10.x bundles). ``"nvfp4"`` (e4m3 scales per 16)
         and ``"mxfp4"`` (e8m0 per 32): e2m1 ``a`` (M, K/2) and ``b`` (K/2, N) K-major, packed two per
         byte as torch.float4_e2m1fn_x2 (``tilekiln.blockscaled.quantize_operand``). ``bias``: None or an (N,)
-        vector of the result's type or float32. ``out_dtype`` defaults to bfloat16.
+        vector of the result's type or float32. ``out_dtype`` defaults to bfloat16;
+        ``torch.float8_e4m3fn`` writes ``saturate(value * scale_result)``, ``scale_result`` a
+        one-element float32 tensor on the inputs' device (``tilekiln.scaled_gemm``).
         """
         if not (is_torch_tensor(a) and is_torch_tensor(b)):
             raise TypeError("scaled_gemm takes torch tensors (a and b); the operands given are "
                             f"{type(a).__name__} and {type(b).__name__}")
         return torch_path().scaled_gemm(self, a, b, scale_a, scale_b, out_dtype, out, stream, kernel, scale_format,
-                                        bias)
+                                        bias, scale_result)
 
     def grouped_gemm(self, a, b, offs, *, scale_a=None, scale_b=None, out=None, stream=None,
                      kernel: str | None = None):
@@ -461,15 +463,17 @@ class Bundle:
         return torch_path().grouped_gemm(self, a, b, masked_m, scale_a, scale_b, out, stream, kernel, masked=True)
 
     def launch(self, plan: Plan, pa: int, pb: int, pc: int, stream: int, scale_a: int = 0,
-               scale_b: int = 0, bias: int = 0, residual: int = 0) -> None:
+               scale_b: int = 0, bias: int = 0, residual: int = 0, scale_result: int = 0) -> None:
         """Launch a plan made by :meth:`plan` (which loaded its kernel on its device); ``bias``: the
         address of the (N,) bias vector, read only by a kernel that adds one; ``residual``: the
-        address of an (M, N) residual at C's strides, read only by a kernel that adds one."""
+        address of an (M, N) residual at C's strides, read only by a kernel that adds one;
+        ``scale_result``: the address of one float32, read only by a kernel with an 8-bit float C."""
         if (pa | pb | pc) & plan.align_mask:
             raise_misaligned(pa, pb, pc, plan.align_mask + 1)
         lib = self._lib
         buf = lib.call_buffer(plan.family)
-        _native.CALL[plan.family].pack_into(buf, 0, pa, pb, pc, scale_a, scale_b, bias, residual, stream)
+        _native.CALL[plan.family].pack_into(buf, 0, pa, pb, pc, scale_a, scale_b, bias, residual, scale_result,
+                                              stream)
         status = lib.run[plan.family](plan.block, buf)
         if status:
             raise LaunchError(plan.kernel_id, lib.error_name(status), lib.error_string(status))

@@ -36,7 +36,8 @@ SUPPORTED_SCHEMA_MAJOR = 2
 # 7: the gemm family's bias vector (call block and launcher argument after the scales).
 # 8: the gemm family's residual (call block and launcher argument after the bias), and row-wise
 #    scales passed as {data, extent} vectors.
-ABI_VERSION = 8
+# 9: the gemm family's scale_result (call block and launcher argument after the residual).
+ABI_VERSION = 9
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,9 @@ DType.__doc__ = "An element type, spelled by its token (DType('bf16'))."
 
 # The element types a scaled (fp8) GEMM takes.
 SCALED_INPUTS = ("e4m3", "e5m2")
+# The output types an epilogue writes through a per-tensor output scale (scale_result), each with
+# the largest finite value it saturates to (torch._scaled_mm's fp8 outputs).
+SCALED_OUTPUTS = {"e4m3": 448.0}
 
 
 def itemsize(token: str) -> int:
@@ -191,6 +194,12 @@ class DTypes:
     def scaled(self) -> bool:
         """8-bit float inputs carry per-tensor scales, which the epilogue applies."""
         return self.a.value in SCALED_INPUTS
+
+    @property
+    def scaled_output(self) -> bool:
+        """C is an 8-bit float: the epilogue multiplies its fp32 result by scale_result and
+        saturates it to C's finite range."""
+        return self.c.value in SCALED_OUTPUTS
 
 
 # BLAS letters: A ``t`` = row-major (K-major), ``n`` = M-major; B ``n`` = column-major K x N
@@ -789,9 +798,18 @@ class LikeArg:
 
 
 @dataclass(frozen=True)
+class ScalarArg:
+    """One float32 in device memory (an 8-bit output's scale): its pointer goes in the call block
+    and the launcher takes it as a one-element tensor. Only kernels that use it read it (for
+    scale_result: those whose C is an 8-bit float, :data:`SCALED_OUTPUTS`)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
 class Family:
     """A kernel family's launch: ``tensors``, then ``indices``, then ``scales``, then ``vectors``, then
-    ``likes``, then the resident cluster count (an int32 the runtime computes per device) and the
+    ``likes``, then ``scalars``, then the resident cluster count (an int32 the runtime computes per device) and the
     stream, in that order. A kernel's ``scaling`` decides how its scales are passed (:class:`ScaleArg`)."""
 
     name: str
@@ -801,12 +819,13 @@ class Family:
     indices: tuple[IndexArg, ...] = ()
     vectors: tuple[VectorArg, ...] = ()
     likes: tuple[LikeArg, ...] = ()
+    scalars: tuple[ScalarArg, ...] = ()
 
     @property
     def arguments(self) -> tuple[str, ...]:
         """The names of the exported launcher's arguments, in order."""
         return (*(t.name for t in self.tensors), *(i.name for i in self.indices), *(s.name for s in self.scales),
-                *(v.name for v in self.vectors), *(x.name for x in self.likes),
+                *(v.name for v in self.vectors), *(x.name for x in self.likes), *(x.name for x in self.scalars),
                 "resident_clusters", "stream")
 
     @property
@@ -819,10 +838,10 @@ class Family:
 
     @property
     def call_format(self) -> str:
-        """struct format of the call block (tk_call_<family>_t): tensor, index, scale, vector and like
-        pointers, then the stream."""
+        """struct format of the call block (tk_call_<family>_t): tensor, index, scale, vector, like and
+        scalar pointers, then the stream."""
         return "<" + "Q" * (len(self.tensors) + len(self.indices) + len(self.scales) + len(self.vectors)
-                            + len(self.likes) + 1)
+                            + len(self.likes) + len(self.scalars) + 1)
 
 
 MAX_EXTENT = 2**31 - 1  # the plan block's extents are int32 (Family.plan_format)
@@ -855,6 +874,8 @@ FAMILIES: dict[str, Family] = {
         vectors=(VectorArg("bias", "n"),),
         # A residual of C's extents, read at C's strides (the runtime fuses one that has them).
         likes=(LikeArg("residual", "c"),),
+        # An 8-bit float C's per-tensor scale: C = saturate(value * scale_result) (torch._scaled_mm).
+        scalars=(ScalarArg("scale_result"),),
     ),
     # G GEMMs sharing N and K (a mixture-of-experts layer): A's rows are sorted by group and
     # offs[g] is the end of group g's rows (torch._grouped_mm's contiguous layout); B holds one

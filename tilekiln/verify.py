@@ -10,8 +10,10 @@ kernel leaves unwritten fails. The fp32-result kernels run as split-K (bf16)
 and, for fp8, straight into a float32 result. Blockwise-scaled kernels run
 on inputs quantized by ``quantize_fp8_blockwise`` (K rounded up to a multiple
 of 128), against the product of the dequantized inputs; row-wise-scaled ones on
-fresh (M, 1) and (1, N) scales; residual kernels on a fresh residual, once into
-a separate output and once in place (the output is the residual). SwiGLU kernels run with N
+fresh (M, 1) and (1, N) scales; fp8-result (e4m3 C) ones with a scale_result
+that saturates the largest values, against the float64 reference saturated
+and rounded to e4m3; residual kernels on a fresh residual, once into a
+separate output and once in place (the output is the residual). SwiGLU kernels run with N
 rounded up to whole gate/up block pairs (I then not a multiple of their tiles' half), writing N/2
 columns, against the float64 product paired by torch. Block-scaled (mxfp8) kernels run on inputs
 quantized by ``tilekiln.blockscaled.quantize_operand`` (K rounded up to whole scale-factor atoms), their
@@ -105,9 +107,10 @@ def _matrix(torch, rows: int, cols: int, contiguous_rows: bool, batch: int, dtyp
 
 
 def _error(torch, out, ref) -> float:
+    out = out.double()  # isnan has no fp8 kernels
     if torch.isnan(out).any():
         return float("nan")
-    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def _poisoned(torch, shape, dtype):
@@ -139,14 +142,16 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
     def gemm(a, b, out=None, pin=kernel.id):
         return _torch.run_gemm(bundle, a, b, out, None, pin, requested, bias, residual)
 
-    def scaled(a, b, out=None, pin=kernel.id, out_dtype=None, scales=None):
+    def scaled(a, b, out=None, pin=kernel.id, out_dtype=None, scales=None, scale_result=None):
         sa, sb = scales or (scale_a, scale_b)
-        return _torch.run_scaled_gemm(bundle, a, b, sa, sb, out_dtype, out, None, pin, requested, bias)
+        return _torch.run_scaled_gemm(bundle, a, b, sa, sb, out_dtype, out, None, pin, requested, bias,
+                                      scale_result)
 
     a_dtype = cfg.dtypes.a.value
     fp8 = a_dtype in FP8
     dtype = getattr(torch, FP8[a_dtype] if fp8 else HALF.get(a_dtype, "float32"))
-    out_dtype = getattr(torch, HALF.get(cfg.dtypes.c.value, "float32"))
+    out_dtype = getattr(torch, FP8.get(cfg.dtypes.c.value) or HALF.get(cfg.dtypes.c.value, "float32"))
+    fp8_result = cfg.dtypes.scaled_output
     scale_a, scale_b = (torch.tensor([s], device="cuda") for s in SCALES)
     if cfg.family != "gemm":
         yield from _grouped_runs(torch, bundle, kernel, gen, dtype, out_dtype, (scale_a, scale_b) if fp8 else None)
@@ -202,16 +207,27 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
         if bias_dtype is not None:
             bias = torch.randn(n, device="cuda", generator=gen).to(bias_dtype)
         what = f"{kernel.id} {batch}x{m}x{n}x{k}"
+        result = None
+        if fp8_result:
+            # The products' spread is about sqrt(K) * SCALES (and the row-wise scales' up to 2.25): the
+            # tails past 2.5 spreads saturate at +-448.
+            factor = 448 / (2.5 * SCALES[0] * SCALES[1] * k ** 0.5)
+            result = torch.tensor([factor], device="cuda")
+
+        def finish(ref):
+            ref = epilogue(ref)
+            return ref if result is None else _torch.saturate_result(ref, factor, out_dtype).double()
+
         if fp8 and rowwise:
             sa = torch.rand(m, 1, device="cuda", generator=gen) + 0.5
             sb = torch.rand(1, n, device="cuda", generator=gen) + 0.5
             out = _poisoned(torch, (m, n), out_dtype)
-            scaled(a[0], b[0], out, out_dtype=out_dtype, scales=(sa, sb))
-            yield what, out, epilogue((a[0].double() @ b[0].double()) * sa.double() * sb.double())
+            scaled(a[0], b[0], out, out_dtype=out_dtype, scales=(sa, sb), scale_result=result)
+            yield what, out, finish((a[0].double() @ b[0].double()) * sa.double() * sb.double())
         elif fp8:
             out = _poisoned(torch, (m, out_n), out_dtype)
-            scaled(a[0], b[0], out, out_dtype=out_dtype)
-            yield what, out, epilogue((a[0].double() @ b[0].double()) * (SCALES[0] * SCALES[1]))
+            scaled(a[0], b[0], out, out_dtype=out_dtype, scale_result=result)
+            yield what, out, finish((a[0].double() @ b[0].double()) * (SCALES[0] * SCALES[1]))
         else:
             out = _poisoned(torch, (batch, m, out_n), out_dtype)
             if cfg.residual.value != "none":

@@ -8,7 +8,8 @@ CPU for the template's constructions on the default catalog's bias tiles, that c
 must be the one the accumulator value holds, ``retile(partition_C(identity(tile)))`` at
 ``e * frag_size + v``, for every consumer thread, sub-tile and value; and it must differ from
 the copy's destination partition (where stmatrix addresses), which would be the wrong choice.
-The trace runs in a subprocess of its own file: the DSL's compile environment hides GPUs from
+An fp32 or e4m3 result is stored with plain shared stores, which write each value at its own
+coordinate: there the destination partition must be the source's. The trace runs in a subprocess of its own file: the DSL's compile environment hides GPUs from
 its process, and it reads a jit function's source from its file.
 """
 
@@ -28,7 +29,8 @@ pytestmark = pytest.mark.compile
 # 64x128 and 128x128 (one warpgroup per tile), cooperative 128x256 (two); and an f32 result.
 # The row-wise and residual kernels read their row scales and residual rows at the same
 # coordinate's row: their further tiles, swapped 64x32, ping-pong 64x256, cooperative 128x192,
-# 128x224 and 64x64 (one warpgroup).
+# 128x224 and 64x64 (one warpgroup). The e4m3-result kernels' cooperative 128x256 and 128x128 and
+# ping-pong 64x128 tiles and a swapped 64x32 one store 8-bit values with plain shared stores.
 CASES = (
     ("col", "bf16", 64, 16, 1, 64, 16),
     ("row", "bf16", 64, 128, 1, 64, 32),
@@ -40,6 +42,10 @@ CASES = (
     ("row", "bf16", 128, 192, 2, 128, 32),
     ("row", "bf16", 128, 224, 2, 128, 32),
     ("row", "bf16", 64, 64, 1, 64, 32),
+    ("row", "e4m3", 128, 256, 2, 128, 32),
+    ("row", "e4m3", 128, 128, 2, 128, 32),
+    ("row", "e4m3", 64, 128, 1, 64, 32),
+    ("col", "e4m3", 64, 32, 1, 64, 32),
 )
 
 SCRIPT = r"""
@@ -58,7 +64,7 @@ results = []
 
 def check(layout, c_type, tile_m, tile_n, wgs, epi_m, epi_n):
     c_layout = LayoutEnum.COL_MAJOR if layout == "col" else LayoutEnum.ROW_MAJOR
-    c_dtype = cutlass.BFloat16 if c_type == "bf16" else cutlass.Float32
+    c_dtype = {"bf16": cutlass.BFloat16, "f32": cutlass.Float32, "e4m3": cutlass.Float8E4M3FN}[c_type]
     found = {"threads": 0, "checked": 0, "mismatched": 0, "destination_differs": False}
 
     @cute.jit
@@ -107,3 +113,6 @@ def test_the_bias_coordinate_is_the_stored_values(root, tmp_path):
         assert found["mismatched"] == 0, (case, found)
         if c_type == "bf16":
             assert found["destination_differs"], (case, "stmatrix's destination partition is the fragment's")
+        else:
+            # Plain shared stores (fp32, e4m3): each thread writes its own values at their coordinates.
+            assert not found["destination_differs"], (case, found)

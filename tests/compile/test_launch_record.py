@@ -168,7 +168,7 @@ def run_kernel(recorded: Recorded, kernel_id: str, problems=PROBLEMS) -> tuple[l
         resident = recorded.bundle.resident_clusters(recorded.bundle.kernels[plan_index(recorded, kernel_id)], 0)
         before = len(recorded.events())
         recorded.bundle.launch(plan, a.ptr, b.ptr, c.ptr, 0, 0x7F3000000000, 0x7F3000000010, 0x7F3000000020,
-                               0x7F4000000000)
+                               0x7F4000000000, 0x7F5000000000)
         (launch,) = [e for e in recorded.events()[before:] if e["event"] == "launch"]
         assert launch["path"] == "driver", launch
         pairs.append((expected_launch(ctx, m, n, batch, resident), recorded_launch(launch)))

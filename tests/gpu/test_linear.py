@@ -169,3 +169,27 @@ def test_a_compiled_mlp_matches_eager(bundle, torch):
     assert rel_err(torch.compile(mlp, fullgraph=True)(x), eager.double()) < 1e-3
     h = torch.nn.functional.gelu(x.double() @ w1.double().t() + b1.double(), approximate="tanh")
     assert rel_err(eager, h @ w2.double().t() + b2.double() + x.double()) < 2e-2
+
+
+def test_a_compiled_linear_fuses_its_residual_as_the_eager_call_does(bundle, torch):
+    """Under torch.compile the residual rides in the tilekiln::gemm node: a residual at the result's
+    strides runs the fused kernel, bitwise the eager call's; one at other strides (a padded view) is
+    added inside the node in fp32, rounded once, against float64."""
+    import tilekiln
+
+    gen = torch.Generator(device="cuda").manual_seed(35)
+    x = torch.randn(2, 300, 1024, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(1536, 1024, device="cuda", dtype=torch.bfloat16, generator=gen) / 32
+    b = torch.randn(1536, device="cuda", dtype=torch.bfloat16, generator=gen)
+    r = torch.randn(2, 300, 1536, device="cuda", dtype=torch.bfloat16, generator=gen)
+    padded = torch.randn(2, 300, 1600, device="cuda", dtype=torch.bfloat16, generator=gen)[..., :1536]
+
+    def f(x, r):
+        return tilekiln.linear(x, w, b, residual=r, bundle=bundle)
+
+    eager = f(x, r)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True)
+    assert torch.equal(compiled(x, r), eager)
+    ref = x.double() @ w.double().t() + b.double()
+    assert rel_err(compiled(x, padded), ref + padded.double()) < 1e-2

@@ -132,6 +132,12 @@ def test_operators_pass_torch_library_opcheck(bundle, torch):
         (_torch.scaled_gemm_out_op, (x8, w8, s, s,
                                      torch.empty(64, 104, device="cuda", dtype=torch.bfloat16)[:, :100], ref, "",
                                      "tensor")),
+        # A residual at the result's strides (rows padded to 16 bytes: fused) and at others (added
+        # in the node).
+        (_torch.gemm_op, (x.detach(), w.detach(), ref, "", False, "none", None,
+                          torch.randn(64, 104, device="cuda", dtype=torch.bfloat16)[:, :100])),
+        (_torch.gemm_op, (x.detach(), w.detach(), ref, "", False, "none", None,
+                          torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)[:, :100])),
         # Row-wise scales and a bias.
         (_torch.scaled_gemm_op, (x8, w8, torch.rand(64, 1, device="cuda"), torch.rand(1, 100, device="cuda"),
                                  torch.bfloat16, ref, "", "rowwise", torch.randn(100, device="cuda"))),

@@ -11,6 +11,7 @@ run the same functions for real and compare values and strides.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -176,17 +177,35 @@ def test_a_compiled_training_step_records_the_backward_gemms(bundle):
 
 
 @pytest.mark.parametrize("x_shape, bias, residual", [((64, 32), False, False), ((2, 8, 32), True, True)])
-def test_linear_is_one_graph_with_its_bias_and_activation_in_the_gemm_node(fake, bundle, x_shape, bias, residual):
-    """The bias and the activation ride in the tilekiln::gemm node (fused where a kernel computes
-    them, else applied by torch inside it); the residual follows as a torch op."""
+def test_linear_is_one_graph_with_its_bias_activation_and_residual_in_the_gemm_node(fake, bundle, x_shape, bias,
+                                                                                    residual):
+    """The bias, the activation and a residual of the result's shape and type ride in the
+    tilekiln::gemm node (fused where a kernel computes them, else applied by torch inside it)."""
     x, w = cuda(*x_shape), cuda(96, 32)
     b = cuda(96) if bias else None
     r = cuda(*x_shape[:-1], 96) if residual else None
     result, ops = traced(lambda: tilekiln.linear(x, w, b, activation="silu", residual=r, bundle=bundle))
     assert tuple(result.shape) == (*x_shape[:-1], 96) and result.dtype == BF16
     assert ops.count("tilekiln.gemm.default") == 1
-    assert "silu" not in str(ops), ops
-    assert sum("add" in op for op in ops) == residual, ops
+    assert "silu" not in str(ops) and not any("add" in op for op in ops), ops
+
+
+def test_a_residual_the_node_cannot_take_follows_as_a_torch_add(fake, bundle):
+    """A residual of another type (torch promotes the sum) or a broadcast one stays a torch op."""
+    x, w = cuda(2, 8, 32), cuda(96, 32)
+    for r in (cuda(2, 8, 96, dtype=torch.float32), cuda(96)):
+        result, ops = traced(lambda: tilekiln.linear(x, w, residual=r, bundle=bundle))
+        assert ops.count("tilekiln.gemm.default") == 1 and sum("add" in op for op in ops) == 1, ops
+        assert result.dtype == torch.promote_types(BF16, r.dtype) and tuple(result.shape) == (2, 8, 96)
+
+
+def test_the_gemm_node_checks_its_residual(fake, bundle):
+    from tilekiln._torch import gemm_op
+
+    x, w = cuda(64, 32), cuda(96, 32)
+    with pytest.raises(ValueError, match=re.escape("residual: expected a tensor of the 2-D result's shape [64, 96], "
+                                                   "dtype torch.bfloat16")):
+        gemm_op(x, w.t(), "sm90a", "", False, "none", None, cuda(64, 95))
 
 
 def test_linear_gradients_flow_unfused(bundle):

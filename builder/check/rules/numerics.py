@@ -7,7 +7,7 @@ from typing import Iterator
 from builder.check.context import KernelContext
 from builder.check.rules.registry import rule
 from builder.diagnostics import Diagnostic, did_you_mean
-from tilekiln.spec import BLOCKWISE_BLOCK, GLU_BLOCK, Scaling
+from tilekiln.spec import BLOCKWISE_BLOCK, GLU_BLOCK, SCALED_OUTPUTS, Scaling
 
 
 @rule("TARGET-ARCH", "every target of a config is a compile target of its pipeline")
@@ -197,15 +197,40 @@ def check_rowwise(ctx: KernelContext) -> Iterator[Diagnostic]:
     if cfg.scaling is not Scaling.ROWWISE:
         return
     d = cfg.dtypes
-    if not d.scaled or d.acc.value != "f32" or d.c.value not in _BIAS_OUTPUTS:
+    outputs = (*_BIAS_OUTPUTS, *SCALED_OUTPUTS)
+    if not d.scaled or d.acc.value != "f32" or d.c.value not in outputs:
         yield ctx.diag("ROWWISE", "dtypes", f"row-wise scaling multiplies an 8-bit float product, accumulated in "
                        f"f32, by scale_a[m] * scale_b[n] and rounds it once to a float C; got {'/'.join(d.tokens)}",
                        "use dtypes {a: e4m3, b: e4m3, acc: f32, c: bf16} (or another 8-bit float input pair)",
-                       dtypes=list(d.tokens), outputs=list(_BIAS_OUTPUTS))
+                       dtypes=list(d.tokens), outputs=list(outputs))
     if cfg.family != "gemm":
         yield ctx.diag("ROWWISE", "scaling", f"row-wise scaling is built for the dense gemm family, not "
                        f"{cfg.family}: its scale vectors span the problem's M and N",
                        "use scaling: tensor for this family", family=cfg.family)
+
+
+@rule("FP8-OUTPUT", "an 8-bit float C is the scaled result of a per-tensor or row-wise fp8 gemm, ungated")
+def check_fp8_output(ctx: KernelContext) -> Iterator[Diagnostic]:
+    cfg = ctx.entry.config
+    d = cfg.dtypes
+    if not d.scaled_output:
+        return
+    if not d.scaled:
+        yield ctx.diag("FP8-OUTPUT", "dtypes", f"a {d.c.value} C is written through scale_result, which only a "
+                       f"scaled 8-bit float call passes; got {d.a.value} x {d.b.value} inputs",
+                       "use 8-bit float inputs, e.g. dtypes {a: e4m3, b: e4m3, acc: f32, c: e4m3}",
+                       dtypes=list(d.tokens))
+    if cfg.scaling is Scaling.BLOCKWISE:
+        yield ctx.diag("FP8-OUTPUT", "scaling", f"blockwise scaling with a {d.c.value} C: a blockwise call "
+                       "(scaled_gemm(scale_format='blockwise')) writes bf16, so no call would run this kernel",
+                       "use scaling: tensor or rowwise", scaling=cfg.scaling.value)
+    if cfg.activation.gated:
+        yield ctx.diag("FP8-OUTPUT", "activation", f"{cfg.activation.value} with a {d.c.value} C: the gated "
+                       "epilogue's result (tilekiln.swiglu) has its input's type", "use a 16-bit C",
+                       activation=cfg.activation.value)
+    if cfg.family != "gemm":
+        yield ctx.diag("FP8-OUTPUT", "dtypes", f"a {d.c.value} C needs scale_result, an argument of the dense gemm "
+                       f"family, not {cfg.family}", "use c: bf16 for this family", family=cfg.family)
 
 
 @rule("RESIDUAL", "a kernel that adds a residual writes a float result, in the dense gemm family")
