@@ -128,14 +128,13 @@ def small_build(tmp_path_factory):
     return result.bundles[0]
 
 
-@pytest.fixture(scope="session")
-def tcgen05_build(tmp_path_factory):
-    """TCGEN05_KERNELS built into the sm100a, sm100f, sm103a and sm107a bundles."""
-    base = tmp_path_factory.mktemp("tcgen05")
+def _build_catalogs(tmp_path_factory, name: str, catalogs: dict[str, str]):
+    """The fixture catalogs (file name -> YAML text) built into their bundles, all of them compiled."""
+    base = tmp_path_factory.mktemp(name)
     files = []
-    for pipeline in ("sm100", "sm107"):
-        files.append(base / f"{pipeline}.yaml")
-        files[-1].write_text(tcgen05_catalog(pipeline))
+    for file_name, text in catalogs.items():
+        files.append(base / file_name)
+        files[-1].write_text(text)
     project = fixture_project(base / "project", files)
     result = run_build(project, base / "artifacts", base / "cache", jobs=2)
     assert result.ok, [r.error for b in result.bundles for r in b.failed]
@@ -143,25 +142,22 @@ def tcgen05_build(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tcgen05_build(tmp_path_factory):
+    """TCGEN05_KERNELS built into the sm100a, sm100f, sm103a and sm107a bundles."""
+    return _build_catalogs(tmp_path_factory, "tcgen05", {f"{p}.yaml": tcgen05_catalog(p) for p in ("sm100", "sm107")})
+
+
+@pytest.fixture(scope="session")
 def fp4_build(tmp_path_factory):
     """FP4_KERNELS built into the sm100a, sm103a and sm107a bundles."""
-    base = tmp_path_factory.mktemp("fp4")
-    (base / "sm100.yaml").write_text(tcgen05_catalog("sm100", FP4_KERNELS))
-    project = fixture_project(base / "project", [base / "sm100.yaml"])
-    result = run_build(project, base / "artifacts", base / "cache", jobs=2)
-    assert result.ok, [r.error for b in result.bundles for r in b.failed]
-    return result
+    return _build_catalogs(tmp_path_factory, "fp4", {"sm100.yaml": tcgen05_catalog("sm100", FP4_KERNELS)})
 
 
 @pytest.fixture(scope="session")
 def sm107_blockscaled_build(tmp_path_factory):
     """SM107_BLOCKSCALED_KERNELS built into the sm107a bundle."""
-    base = tmp_path_factory.mktemp("sm107-blockscaled")
-    (base / "sm107.yaml").write_text(tcgen05_catalog("sm107", SM107_BLOCKSCALED_KERNELS))
-    project = fixture_project(base / "project", [base / "sm107.yaml"])
-    result = run_build(project, base / "artifacts", base / "cache", jobs=2)
-    assert result.ok, [r.error for b in result.bundles for r in b.failed]
-    return result
+    return _build_catalogs(tmp_path_factory, "sm107-blockscaled",
+                           {"sm107.yaml": tcgen05_catalog("sm107", SM107_BLOCKSCALED_KERNELS)})
 
 
 @dataclass(frozen=True)
