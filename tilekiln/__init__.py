@@ -192,8 +192,9 @@ def scaled_gemm(a, b, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, 
     ``a`` and ``b`` packed two per byte (torch.float4_e2m1fn_x2; ``a`` (M, K/2) row-major, ``b``
     (K/2, N) the transpose of a (N, K/2) weight), K in elements a multiple of 64 (nvfp4: e4m3 scales,
     float8_e4m3fn, one per 16) or 128 (mxfp4: e8m0 per 32), scales blocked as above
-    (``tilekiln.blockscaled.quantize_operand(x, name)`` packs and scales). ``bias``: None or a contiguous (N,) tensor of the result's type or float32,
-    added after the scales, fused where a kernel adds it (else by torch; ``explain`` says which).
+    (``tilekiln.blockscaled.quantize_operand(x, name)`` packs and scales). ``bias``: None or a
+    contiguous (N,) tensor of the result's type or float32, added after the scales, fused where a
+    kernel adds it (else by torch; ``explain`` says which).
     ``out_dtype=torch.float8_e4m3fn`` (per-tensor or row-wise scales, no bias): the result for the
     next GEMM's input, ``saturate(value * scale_result)`` as torch._scaled_mm writes it, values past
     +-448 saturating to +-448; ``scale_result`` is then a one-element float32 tensor on the inputs'
@@ -246,16 +247,16 @@ def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias
             scale_format=None, offs=None, masked_m=None, out_dtype=None):
     """The kernel ``gemm`` would run for these operands, why, and why not the others; with
     ``backward`` (by default when an input requires grad), what the gradient's GEMMs run on; with
-    ``activation`` (``"swiglu"`` for ``swiglu(x, w)``: pass ``x`` and ``w.t()``), ``bias`` (the bias tensor, or its type: ``"bf16"``, ``"f32"`` or a torch
-    dtype) and ``residual`` (a residual tensor, or True), whether a kernel fuses them (as ``linear``
-    would ask; the residual fuses only where its strides are the result's, docs/runtime.md); with
-    ``scale_format`` (``"rowwise"``, ``"blockwise"``, ``"mxfp8"``, ``"nvfp4"``, ``"mxfp4"``), the kernel ``scaled_gemm`` would run for
+    ``activation`` (``"swiglu"`` for ``swiglu(x, w)``: pass ``x`` and ``w.t()``), ``bias`` (the bias
+    tensor, or its type: ``"bf16"``, ``"f32"`` or a torch dtype) and ``residual`` (a residual tensor,
+    or True), whether a kernel fuses them (as ``linear`` would ask; the residual fuses only where its
+    strides are the result's, docs/runtime.md); with ``scale_format`` (``"rowwise"``,
+    ``"blockwise"``, ``"mxfp8"``, ``"nvfp4"``, ``"mxfp4"``), the kernel ``scaled_gemm`` would run for
     fp8 (fp4) operands with such scales (``out_dtype``: its result type, bf16 by default, e.g.
-    ``torch.float8_e4m3fn``, which implies per-tensor scales where ``scale_format`` is None); with ``offs`` (or ``masked_m``), the kernel
-    ``grouped_gemm(a, b, offs)`` (``grouped_gemm_masked``) would run."""
+    ``torch.float8_e4m3fn``, which implies per-tensor scales where ``scale_format`` is None); with
+    ``offs`` (or ``masked_m``), the kernel ``grouped_gemm(a, b, offs)`` (``grouped_gemm_masked``)
+    would run."""
     from tilekiln._tensors import is_torch_tensor, torch_dtype_token
-    from tilekiln.blockscaled import RUNTIME_BLOCK_FORMATS, block_request
-    from tilekiln.blockwise import scale_format_token
     from tilekiln.problem import requested_epilogue
 
     if offs is not None or masked_m is not None:
@@ -263,11 +264,16 @@ def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias
         return _bundle_for(a, bundle).explain_grouped(a, b, masked_m if masked else offs, out, masked=masked)
     bias_type = "none" if bias is None else torch_dtype_token(bias.dtype if is_torch_tensor(bias) else bias)
     act = "none" if activation is None else getattr(activation, "value", activation)
-    scaling = "tensor" if scale_format is None else scale_format_token(scale_format)
-    if out_dtype is not None and scale_format is None:
+    asked = {"scaling": "tensor"}
+    if scale_format is not None or out_dtype is not None:
+        # Scaled calls take torch tensors: only they load the modules that import torch.
+        from tilekiln.blockscaled import RUNTIME_BLOCK_FORMATS, block_request
+        from tilekiln.blockwise import scale_format_token
+
+        scaling = "tensor" if scale_format is None else scale_format_token(scale_format)
         scale_format = scaling
-    # A block-scaled format asks for its block scale (tilekiln/blockscaled.py), the others for a scaling.
-    asked = dict(block_request(scaling)) if scaling in RUNTIME_BLOCK_FORMATS else {"scaling": scaling}
+        # A block-scaled format asks for its block scale (tilekiln/blockscaled.py), the others for a scaling.
+        asked = dict(block_request(scaling)) if scaling in RUNTIME_BLOCK_FORMATS else {"scaling": scaling}
     requested = requested_epilogue(**asked, bias=bias_type, activation=act,
                                    residual="none" if residual is None or residual is False else "add")
     # A scaled (fp8) call's result is bf16 by default, as scaled_gemm's.

@@ -271,6 +271,19 @@ def test_runtime_imports_without_build_dependencies():
     assert proc.stdout.strip() == "[]"
 
 
+def test_explain_of_an_unscaled_call_imports_no_torch():
+    """explain's scale-format handling lives in modules that import torch; a call that names no scale
+    format must not load them (the runtime takes non-torch operands without torch installed)."""
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import tilekiln\n"
+            "try:\n    tilekiln.explain(object(), object(), activation='relu', bias='bf16')\n"
+            "except ImportError as e:\n    print('ImportError', e)\n"
+            "except Exception:\n    print('ok')\n")
+    # -S drops site-packages, so an import of torch fails; any other error (no bundle, no device) is fine.
+    proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+
+
 def test_tuning_runs_combine_by_relative_time_and_merge_without_a_gpu(tmp_path):
     """A kernel that won one run by a hair but lost the other by a lot does not win the merged table."""
     import json as _json
