@@ -7,6 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from tilekiln._tensors import Operand
 from tilekiln.manifest import (ABI_VERSION, MANIFEST_NAME, BundleInfo, DriverFloor, Manifest, Provenance, TuningTable,
                                manifest_digest)
 from tilekiln.spec import (MAX_EXTENT, Activation, Bias, Blob, CatalogRef, Cluster, Contract, DType, DTypes, KernelRecord,
@@ -54,3 +55,14 @@ def write_bundle(directory: Path, kernels: tuple[KernelRecord, ...] = (), tuning
     data["integrity"] = {"manifest_sha256": manifest_digest(data)}
     (directory / MANIFEST_NAME).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return directory
+
+
+def op(name, shape, strides=None, dtype="bf16", ptr=0x10000, device=0):
+    """A runtime operand (no memory behind it) of ``shape``, row-major unless ``strides`` are given."""
+    if strides is None:
+        strides, acc = [], 1
+        for s in reversed(shape):
+            strides.append(acc)
+            acc *= s
+        strides = tuple(reversed(strides))
+    return Operand(name, tuple(shape), tuple(strides), dtype, ptr, device, None)

@@ -9,24 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from tilekiln._tensors import Operand
 from tilekiln.grouped import MAX_GROUPS, make_grouped_problem
 from tilekiln.problem import make_problem
 from tilekiln.select import check_kernel, choose
 from tilekiln.spec import FAMILIES, format_kernel_id, parse_kernel_id
-from tests.records import kernel_record
+from tests.records import kernel_record, op
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def op(name, shape, strides=None, dtype="bf16", ptr=0x10000, device=0):
-    if strides is None:
-        strides, acc = [], 1
-        for s in reversed(shape):
-            strides.append(acc)
-            acc *= s
-        strides = tuple(reversed(strides))
-    return Operand(name, tuple(shape), tuple(strides), dtype, ptr, device, None)
 
 
 def weights(groups, n, k, dtype="bf16"):

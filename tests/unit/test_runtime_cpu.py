@@ -9,25 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tilekiln._tensors import Operand
 from tilekiln.errors import NoKernelError
 from tilekiln.bundle import Bundle, DeviceInfo
 from tilekiln.problem import make_problem
 from tilekiln.select import bucket_ceiling, check_kernel, choose, estimate, nominal_clusters, shape_bucket
 from tilekiln.splitk import label, parse_label, sliced
-from tests.records import kernel_record, manifest, write_bundle
+from tests.records import kernel_record, manifest, op, write_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def op(name, shape, strides=None, dtype="bf16", ptr=0x10000, device=0):
-    if strides is None:
-        strides, acc = [], 1
-        for s in reversed(shape):
-            strides.append(acc)
-            acc *= s
-        strides = tuple(reversed(strides))
-    return Operand(name, tuple(shape), tuple(strides), dtype, ptr, device, None)
 
 
 def kernel(index, tile, cluster=(1, 1), a="k", b="k", dtype="bf16", div=8, swap_ab=False):
