@@ -31,10 +31,8 @@ kernels:
 
 
 def make_project(base: Path, catalog: str = SMALL_CATALOG) -> Path:
-    for name in ("catalog", "templates"):
-        shutil.copytree(ROOT / name, base / name)
-    for old in (base / "catalog" / "gemm").glob("*.yaml"):
-        old.unlink()
+    """A scratch project whose only catalog file is ``catalog`` as catalog/gemm/sm90.yaml."""
+    fixture_project(base, [])
     (base / "catalog" / "gemm" / "sm90.yaml").write_text(catalog)
     return base
 
