@@ -37,6 +37,7 @@ reads, the current raw stream handle (the private
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 
@@ -44,7 +45,7 @@ from tilekiln._native import CALL
 from tilekiln._tensors import describe, torch_dtype_token
 from tilekiln.blockscaled import (RUNTIME_BLOCK_FORMATS, block_request, check_block_elements, check_block_operands,
                                   check_block_scale_tensors, check_scale_pointers, format_of, requested_format)
-from tilekiln.blockwise import check_scale_tensor, check_scales, scale_format_token
+from tilekiln.blockwise import BLOCK, check_scale_tensor, check_scales, scale_format_token
 from tilekiln.bundle import Bundle, raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
 from tilekiln.problem import requested_epilogue, result_shape, result_strides
@@ -123,14 +124,28 @@ def _check_scale(name: str, scale, device: int) -> None:
             name=name, what=f"{scale.dtype} with {scale.numel()} elements on {scale.device}"))
 
 
-def scale_format_of(scale_format, scale_a, scale_b) -> str:
-    """The call's scale format: ``scale_format`` checked, or where it is None, read from the scales as
-    torch._scaled_mm reads them: row-wise unless both are one-element tensors."""
+def as_rows(t: Tensor) -> Tensor:
+    """``t`` (..., D) as a matrix (rows, D). Unlike ``reshape(-1, D)`` this holds for D = 0 too
+    (an empty K or N), where -1 is ambiguous."""
+    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
+
+
+def scale_format_of(scale_format, a: Tensor, b: Tensor, scale_a, scale_b) -> str:
+    """The call's scale format: ``scale_format`` checked, or where it is None, read from the scales'
+    shapes as torch._scaled_mm reads them: per tensor when both have one element; row-wise when they
+    are (M, 1) and (1, N); blockwise when they are (M, K/128) and (ceil(N/128), K/128) (torch's 1x128
+    and 128x128 blocks); else row-wise, whose check then names what is wrong."""
     if scale_format is not None:
         return scale_format_token(scale_format)
-    if all(isinstance(s, Tensor) for s in (scale_a, scale_b)) and (scale_a.numel() != 1 or scale_b.numel() != 1):
-        return "rowwise"
-    return "tensor"
+    if not all(isinstance(s, Tensor) for s in (scale_a, scale_b)) or scale_a.numel() == scale_b.numel() == 1:
+        return "tensor"
+    if a.dim() == 2 and b.dim() == 2 and a.shape[1] % BLOCK == 0:
+        (m, k), n = a.shape, b.shape[1]
+        rowwise = ((m, 1), (1, n))
+        blockwise = ((m, k // BLOCK), (-(-n // BLOCK), k // BLOCK))
+        if (tuple(scale_a.shape), tuple(scale_b.shape)) == blockwise != rowwise:
+            return "blockwise"
+    return "rowwise"
 
 
 def check_rowwise_scales(a: Tensor, b: Tensor, scale_a, scale_b) -> None:
@@ -313,9 +328,9 @@ def scaled_gemm(bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_dtype, out: 
                 kernel: str | None = None, scale_format: str | None = None, bias: Tensor | None = None,
                 scale_result: Tensor | None = None):
     """``scaled_gemm`` for torch tensors; not differentiable, like ``torch._scaled_mm``. ``scale_format``
-    None: per-tensor or row-wise, as the scales' shapes say (:func:`scale_format_of`).
+    None: per-tensor, row-wise or blockwise, as the scales' shapes say (:func:`scale_format_of`).
     ``scale_result``: an fp8 result's one-element float32 scale (:func:`check_scale_result`)."""
-    scale_format = scale_format_of(scale_format, scale_a, scale_b)
+    scale_format = scale_format_of(scale_format, a, b, scale_a, scale_b)
     if _is_compiling():
         if stream is not None:
             raise TypeError("stream=: not supported while torch.compile traces; make the stream current "
@@ -439,7 +454,7 @@ def linear(bundle, x: Tensor, weight: Tensor, bias: Tensor | None, activation, r
     bias_type = "none" if bias is None else bias_token(bias, x, weight.shape[0])
     needs_grad = _grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias, residual))
     _refuse_out_with_grad("linear", out, *(t for t in (x, weight, bias, residual) if t is not None))
-    rows = x.reshape(-1, x.shape[-1])
+    rows = as_rows(x)
     if needs_grad:
         y = gemm_op(rows, weight.t(), bundle_ref(bundle), "", False, "none")
         if bias is not None:
@@ -450,7 +465,7 @@ def linear(bundle, x: Tensor, weight: Tensor, bias: Tensor | None, activation, r
         if isinstance(residual, Tensor) and tuple(residual.shape) == (*x.shape[:-1], n) \
                 and residual.dtype == x.dtype and residual.device == x.device:
             # The graph's one node adds the residual too (fused where its strides allow, gemm_op).
-            y = gemm_op(rows, weight.t(), bundle_ref(bundle), "", False, act, bias, residual.reshape(-1, n))
+            y = gemm_op(rows, weight.t(), bundle_ref(bundle), "", False, act, bias, as_rows(residual))
             return _linear_result(y, x, weight, None) if out is None else out.copy_(y.reshape(out.shape))
         y = gemm_op(rows, weight.t(), bundle_ref(bundle), "", False, act, bias)
     else:
@@ -532,7 +547,7 @@ def swiglu(bundle, x: Tensor, w_gate_up: Tensor, out: Tensor | None):
             raise ValueError(f"out: expected shape {list(shape)}, dtype {x.dtype} on {x.device}, got "
                              f"{list(out.shape)}, {out.dtype} on {out.device}")
     _refuse_out_with_grad("swiglu", out, x, w_gate_up)
-    rows = x.reshape(-1, x.shape[-1])
+    rows = as_rows(x)
     if _is_compiling() or (_grad_enabled() and (x.requires_grad or w_gate_up.requires_grad)):
         y = gemm_op(rows, w_gate_up.t(), bundle_ref(bundle), "", False, "swiglu")
     else:
@@ -814,7 +829,7 @@ def _gemm_backward(ctx, grad: Tensor):
     if ctx.needs_input_grad[1]:
         if a.dim() == 3 and len(b_shape) == 2:
             # One B for every batch entry: its gradient is one GEMM over all the rows.
-            grad_b = gemm_op(a.reshape(-1, a.shape[-1]).mT, grad.reshape(-1, grad.shape[-1]), ctx.bundle, "", True,
+            grad_b = gemm_op(as_rows(a).mT, as_rows(grad), ctx.bundle, "", True,
                              "none")
         else:
             grad_b = _sum_to(gemm_op(a.mT, grad, ctx.bundle, "", True, "none"), b_shape)
