@@ -177,7 +177,8 @@ def scaled_gemm(a, b, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, 
     """fp8 ``(a @ b) * scale_a * scale_b + bias`` with bf16 output by default. Takes torch tensors.
 
     ``scale_format`` None (the default) reads the scales as ``torch._scaled_mm`` does: one-element
-    float32 scales are per-tensor, (M, 1) and (1, N) ones row-wise. ``"tensor"``: per-tensor
+    float32 scales are per-tensor, (M, 1) and (1, N) ones row-wise, (M, K/128) and (ceil(N/128),
+    K/128) ones blockwise. ``"tensor"``: per-tensor
     scales. ``"rowwise"``: 2-D ``a`` (M, K) and ``b`` (K, N), ``scale_a`` float32 (M, 1) and
     ``scale_b`` float32 (1, N), both contiguous: ``out[m, n] = (a @ b)[m, n] * scale_a[m] *
     scale_b[n]``, applied in fp32 in the epilogue. ``"blockwise"``: e4m3 ``a`` (M, K) row-major and

@@ -155,15 +155,19 @@ def _rowwise(m=300, n=200, k=384):
 
 
 def test_the_scale_format_is_read_from_the_scales_as_torch_scaled_mm_reads_them():
-    a, b, sa, sb = _rowwise()
+    a, b, sa, sb = _rowwise()  # M 300, K 384, N 200
     one = torch.ones(1)
-    assert scale_format_of(None, sa, sb) == "rowwise"
-    assert scale_format_of(None, one, one) == "tensor"
-    assert scale_format_of(None, one, sb) == "rowwise"  # then refused: scale_a is not (M, 1)
-    assert scale_format_of(None, 1.0, one) == "tensor"  # then refused: scale_a is not a tensor
-    assert scale_format_of("blockwise", sa, sb) == "blockwise"
+    assert scale_format_of(None, a, b, sa, sb) == "rowwise"
+    assert scale_format_of(None, a, b, one, one) == "tensor"
+    assert scale_format_of(None, a, b, one, sb) == "rowwise"  # then refused: scale_a is not (M, 1)
+    assert scale_format_of(None, a, b, 1.0, one) == "tensor"  # then refused: scale_a is not a tensor
+    # (M, K/128) and (ceil(N/128), K/128): torch's 1x128 and 128x128 blocks.
+    assert scale_format_of(None, a, b, torch.ones(300, 3), torch.ones(2, 3)) == "blockwise"
+    assert scale_format_of(None, a, b, torch.ones(300, 3), torch.ones(3, 2)) == "rowwise"  # then refused
+    assert scale_format_of(None, a[:, :300], b[:300], torch.ones(300, 3), torch.ones(2, 3)) == "rowwise"  # K % 128
+    assert scale_format_of("blockwise", a, b, sa, sb) == "blockwise"
     with pytest.raises(ValueError, match="scale_format: 'rows' is not one of"):
-        scale_format_of("rows", sa, sb)
+        scale_format_of("rows", a, b, sa, sb)
 
 
 def _literal(text):
