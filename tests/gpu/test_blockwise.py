@@ -138,13 +138,15 @@ def test_wrong_scales_raise_naming_the_argument_and_leave_the_device_usable(torc
     assert not torch.isnan(out).any()
 
 
-def test_per_tensor_scales_are_refused_for_blockwise_and_the_reverse(torch, bundle):
+def test_per_tensor_scales_are_refused_for_blockwise_and_block_scales_are_read_from_their_shapes(torch, bundle):
     a, b, sa, sb = _operands(torch)
     one = torch.ones(1, device="cuda")
     with pytest.raises(ValueError, match=re.escape("scale_a: expected a float32 tensor (M, K/128)")):
         bundle.scaled_gemm(a, b, one, one, scale_format="blockwise")
-    with pytest.raises(ValueError, match="scale_a: expected a one-element float32"):
-        bundle.scaled_gemm(a, b, sa, sb)
+    # Without scale_format, (M, K/128) and (ceil(N/128), K/128) scales are blockwise, as torch reads them.
+    assert torch.equal(bundle.scaled_gemm(a, b, sa, sb), bundle.scaled_gemm(a, b, sa, sb, scale_format="blockwise"))
+    with pytest.raises(ValueError, match=re.escape("scale_a: expected a float32 tensor (M, 1)")):
+        bundle.scaled_gemm(a, b, sa[:, :2], sb)
 
 
 def test_module_level_entry_point_and_torch_compile(torch, bundle):

@@ -86,6 +86,7 @@ def test_every_e4m3_result_kernel_matches_the_saturated_float64_reference(bundle
 
 def test_scaled_gemm_selects_an_e4m3_kernel_and_agrees_with_torch_scaled_mm(bundle, torch):
     import tilekiln
+    from tilekiln._torch import saturate_result
 
     gen = torch.Generator(device="cuda").manual_seed(44)
     for rowwise in (False, True):
@@ -102,9 +103,10 @@ def test_scaled_gemm_selects_an_e4m3_kernel_and_agrees_with_torch_scaled_mm(bund
         exact = (a.double() @ w.double().t()) * sa.double() * sb.double()
         check(torch, out, exact, scale_result, f"rowwise={rowwise}", failures)
         assert not failures, failures
-        if not rowwise:  # torch._scaled_mm's fp8 result takes per-tensor scales
-            theirs = torch._scaled_mm(a, w.t(), sa, sb, out_dtype=torch.float8_e4m3fn, scale_result=scale_result)
-            assert rel_err(out, theirs.double()) < 1e-2
+        # torch 2.11's _scaled_mm returned the unscaled product for an e4m3 result with scale_result on
+        # an H100 (2026-12-07), so its fp32 result is scaled and saturated here, as cuBLASLt's D scale is.
+        theirs = torch._scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16 if rowwise else torch.float32)
+        assert rel_err(out, saturate_result(theirs.double(), scale_result.item(), torch.float8_e4m3fn).double()) < 2e-2
 
 
 def test_values_far_past_448_saturate_and_zero_stays_zero(bundle, torch):
@@ -120,7 +122,12 @@ def test_values_far_past_448_saturate_and_zero_stays_zero(bundle, torch):
     exact = (a.double() @ w.double().t()) * 0.125
     got = out.double()
     assert not torch.isnan(got).any()
-    assert (got[exact > 0] == E4M3_MAX).all() and (got[exact < 0] == -E4M3_MAX).all() and (got[exact == 0] == 0).all()
+    # A sum whose exact value lies within fp32 accumulation error of zero may round to either
+    # sign; every other one is far past 448 / 1e6 and saturates.
+    clear = exact.abs() > 1e-3
+    assert clear.sum() > 0.9 * exact.numel()
+    assert (got[clear & (exact > 0)] == E4M3_MAX).all() and (got[clear & (exact < 0)] == -E4M3_MAX).all()
+    assert (got[:8] == 0).all()  # x's zero rows
 
 
 def test_the_compiled_call_is_the_eager_one(bundle, torch):
@@ -138,7 +145,7 @@ def test_the_compiled_call_is_the_eager_one(bundle, torch):
     assert torch.equal(eager.view(torch.uint8), compiled.view(torch.uint8))
 
 
-def test_operators_with_scale_result_pass_torch_library_opcheck(bundle, torch):
+def test_operators_with_scale_result_pass_torch_library_opcheck(bundle, torch, opcheck):
     from tilekiln import _torch
 
     fp8 = torch.float8_e4m3fn
@@ -147,8 +154,9 @@ def test_operators_with_scale_result_pass_torch_library_opcheck(bundle, torch):
     s = torch.tensor([1.0], device="cuda")
     sr = torch.tensor([4.0], device="cuda")
     ref = _torch.bundle_ref(bundle)
-    torch.library.opcheck(_torch.scaled_gemm_op, (a8, w8, s, s, fp8, ref, "", "tensor", None, sr))
-    torch.library.opcheck(_torch.scaled_gemm_out_op, (a8, w8, s, s, torch.empty(64, 112, device="cuda", dtype=fp8),
-                                                      ref, "", "tensor", None, sr))
-    torch.library.opcheck(_torch.scaled_gemm_op, (a8, w8, torch.rand(64, 1, device="cuda"),
-                                                  torch.rand(1, 112, device="cuda"), fp8, ref, "", "rowwise", None, sr))
+    for op, args in ((_torch.scaled_gemm_op, (a8, w8, s, s, fp8, ref, "", "tensor", None, sr)),
+                     (_torch.scaled_gemm_out_op, (a8, w8, s, s, torch.empty(64, 112, device="cuda", dtype=fp8),
+                                                  ref, "", "tensor", None, sr)),
+                     (_torch.scaled_gemm_op, (a8, w8, torch.rand(64, 1, device="cuda"),
+                                              torch.rand(1, 112, device="cuda"), fp8, ref, "", "rowwise", None, sr))):
+        opcheck(op, args)
