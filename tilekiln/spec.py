@@ -752,13 +752,14 @@ class ScaleArg:
     pointer in the call block. Blockwise: a strided matrix batch of per-block factors whose
     extents ``blocks`` name the problem's extents or :data:`BLOCK_EXTENTS`; dimension ``unit`` (0
     or 1) is the contiguous one, and the other two strides (elements) go in the plan block.
-    Row-wise: a contiguous vector of one factor per index of the problem extent ``per`` (scale_a
-    per row of A, scale_b per column of B), its length the plan's extent."""
+    Row-wise: a contiguous vector of one factor per index of the problem extents ``per`` (scale_a
+    per row of A, scale_b per column of B; a grouped kernel's per group and column of B), its length
+    the product of the plan's extents."""
 
     name: str
     blocks: tuple[str, str, str]
     unit: int
-    per: str
+    per: tuple[str, ...]
 
 
 # Extents counted in blockwise scale blocks: the problem extent each divides, rounded up.
@@ -858,9 +859,11 @@ def plain_int(value: Any, what: str, low: int = 0, high: int = MAX_EXTENT) -> in
         raise ValueError(f"{what} is {str(value)[:40]!r}, not an integer in [{low}, {high}]")
     return value
 
-# A grouped kernel's scales are per tensor (the BLOCKWISE rule keeps blockwise scaling to "gemm"); the
-# block extents only lay out the plan block, whose scale strides stay zero.
-GROUPED_SCALES = (ScaleArg("scale_a", ("m", "kb", "g"), 0, "m"), ScaleArg("scale_b", ("nb", "kb", "g"), 1, "n"))
+# A grouped kernel's scales are per tensor or row-wise (the BLOCKWISE rule keeps blockwise scaling to
+# "gemm"); the block extents only lay out the plan block, whose scale strides stay zero. Row-wise, as
+# torch._scaled_grouped_mm takes them: scale_b (G, N), one per group and column of B; scale_a one per
+# row of A, (total_M,) in the contiguous layout and (G, M_max) in the masked one.
+GROUPED_SCALE_B = ScaleArg("scale_b", ("nb", "kb", "g"), 1, ("n", "g"))
 
 FAMILIES: dict[str, Family] = {
     "gemm": Family(
@@ -870,7 +873,7 @@ FAMILIES: dict[str, Family] = {
         # Blockwise: scale_a (M, K/128) M-major, one per row and 128 K; scale_b (ceil(N/128), K/128)
         # K-contiguous, one per 128x128 block of B (docs/runtime.md).
         # Row-wise: scale_a (M, 1) and scale_b (1, N), contiguous, as torch._scaled_mm takes them.
-        scales=(ScaleArg("scale_a", ("m", "kb", "l"), 0, "m"), ScaleArg("scale_b", ("nb", "kb", "l"), 1, "n")),
+        scales=(ScaleArg("scale_a", ("m", "kb", "l"), 0, ("m",)), ScaleArg("scale_b", ("nb", "kb", "l"), 1, ("n",))),
         vectors=(VectorArg("bias", "n"),),
         # A residual of C's extents, read at C's strides (the runtime fuses one that has them).
         likes=(LikeArg("residual", "c"),),
@@ -885,7 +888,7 @@ FAMILIES: dict[str, Family] = {
         "grouped", extents=("m", "n", "k", "g"),
         tensors=(TensorArg("a", ("m", "k", "g"), "a"), TensorArg("b", ("n", "k", "g"), "b"),
                  TensorArg("c", ("m", "n", "g"))),
-        scales=GROUPED_SCALES,
+        scales=(ScaleArg("scale_a", ("m", "kb", "g"), 0, ("m",)), GROUPED_SCALE_B),
         indices=(IndexArg("offs", "g", MAX_GROUPS),),
     ),
     # The same G GEMMs with every group's rows in its own batch entry of A and C, (G, M_max, K)
@@ -895,7 +898,7 @@ FAMILIES: dict[str, Family] = {
         "grouped_masked", extents=("m", "n", "k", "g"),
         tensors=(TensorArg("a", ("m", "k", "g"), "a"), TensorArg("b", ("n", "k", "g"), "b"),
                  TensorArg("c", ("m", "n", "g"))),
-        scales=GROUPED_SCALES,
+        scales=(ScaleArg("scale_a", ("m", "kb", "g"), 0, ("m", "g")), GROUPED_SCALE_B),
         indices=(IndexArg("masked_m", "g", MAX_GROUPS),),
     ),
 }

@@ -65,7 +65,7 @@ def test_the_gemm_family_passes_row_wise_scales_as_vectors_and_the_residual_afte
     gemm = FAMILIES["gemm"]
     assert gemm.arguments == ("a", "b", "c", "scale_a", "scale_b", "bias", "residual", "scale_result",
                               "resident_clusters", "stream")
-    assert [(s.name, s.per) for s in gemm.scales] == [("scale_a", "m"), ("scale_b", "n")]
+    assert [(s.name, s.per) for s in gemm.scales] == [("scale_a", ("m",)), ("scale_b", ("n",))]
     assert [(x.name, x.like) for x in gemm.likes] == [("residual", "c")]
     # The residual shares C's plan strides: only the call block grows (and with scale_result).
     assert gemm.call_format == "<" + "Q" * 9 and gemm.plan_format == "<" + "q" * 10 + "i" * 8

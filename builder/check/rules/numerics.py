@@ -191,7 +191,7 @@ def check_bias_dtype(ctx: KernelContext) -> Iterator[Diagnostic]:
                    bias=bias, c=c)
 
 
-@rule("ROWWISE", "a row-wise-scaled kernel multiplies 8-bit floats into a float result, in the dense gemm family")
+@rule("ROWWISE", "a row-wise-scaled kernel multiplies 8-bit floats into a float result")
 def check_rowwise(ctx: KernelContext) -> Iterator[Diagnostic]:
     cfg = ctx.entry.config
     if cfg.scaling is not Scaling.ROWWISE:
@@ -203,10 +203,6 @@ def check_rowwise(ctx: KernelContext) -> Iterator[Diagnostic]:
                        f"f32, by scale_a[m] * scale_b[n] and rounds it once to a float C; got {'/'.join(d.tokens)}",
                        "use dtypes {a: e4m3, b: e4m3, acc: f32, c: bf16} (or another 8-bit float input pair)",
                        dtypes=list(d.tokens), outputs=list(outputs))
-    if cfg.family != "gemm":
-        yield ctx.diag("ROWWISE", "scaling", f"row-wise scaling is built for the dense gemm family, not "
-                       f"{cfg.family}: its scale vectors span the problem's M and N",
-                       "use scaling: tensor for this family", family=cfg.family)
 
 
 @rule("FP8-OUTPUT", "an 8-bit float C is the scaled result of a per-tensor or row-wise fp8 gemm, ungated")
@@ -272,10 +268,12 @@ def check_swiglu(ctx: KernelContext) -> Iterator[Diagnostic]:
         yield ctx.diag("SWIGLU", "bias", f"bias {cfg.bias.value} with swiglu: the epilogue does not add a bias "
                        "before the gate and up product (tilekiln.swiglu takes none)", "remove bias",
                        bias=cfg.bias.value)
-    # The per-value operands run along C's columns, which the gated epilogue halves.
-    if cfg.scaling is Scaling.ROWWISE:
-        yield ctx.diag("SWIGLU", "scaling", "row-wise scales with swiglu: the epilogue applies per-tensor scales to "
-                       "the gate and up values only", "use scaling: tensor", scaling=cfg.scaling.value)
+    # The dense kernels' per-value operands run along C's columns, which the gated epilogue halves; the
+    # grouped kernels' gated epilogue reads each gate and up value's own column scale.
+    if cfg.scaling is Scaling.ROWWISE and cfg.family == "gemm":
+        yield ctx.diag("SWIGLU", "scaling", "row-wise scales with swiglu in the dense gemm family: its epilogue "
+                       "applies per-tensor scales to the gate and up values only (the grouped families' applies "
+                       "row-wise ones)", "use scaling: tensor", scaling=cfg.scaling.value, family=cfg.family)
     if cfg.residual.value != "none":
         yield ctx.diag("SWIGLU", "residual", "a residual with swiglu: the gated epilogue adds none (an MLP's "
                        "residual goes with its down projection)", "remove residual", residual=cfg.residual.value)
