@@ -20,7 +20,7 @@ from tilekiln.errors import (BundleCompatibilityError, BundleError, BundleIntegr
 
 __version__ = "0.4.0"
 __all__ = ["load", "bundles", "gemm", "linear", "swiglu", "swiglu_weight", "scaled_gemm", "grouped_gemm",
-           "grouped_gemm_masked", "explain", "Bundle", "TilekilnError", "BundleError", "BundleIntegrityError",
+           "grouped_gemm_masked", "grouped_swiglu", "grouped_swiglu_masked", "explain", "Bundle", "TilekilnError", "BundleError", "BundleIntegrityError",
            "BundleCompatibilityError", "NoKernelError", "LaunchError", "quantize_fp8_blockwise"]
 
 
@@ -221,10 +221,13 @@ def quantize_fp8_blockwise(x, block=(1, 128), *, power_of_two=False):
 def grouped_gemm(a, b, offs, *, scale_a=None, scale_b=None, out=None, bundle=None, stream=None):
     """``torch._grouped_mm(a, b, offs=offs)``: a (total_M, K) with rows sorted by group, b (G, K, N) (pass
     nn.Linear-style (G, N, K) weights as ``w.transpose(1, 2)``), offs an int32 CUDA tensor of the G
-    cumulative row ends; out (total_M, N). fp8 (e4m3) inputs take per-tensor ``scale_a`` and ``scale_b``
-    (one-element float32) and give bf16. One launch, no host synchronization: it captures in a CUDA
-    graph and replays with new offsets. The kernel clamps each end into [previous end, total_M]; rows
-    past the last end are not written (docs/runtime.md). Takes torch tensors; not differentiable."""
+    cumulative row ends; out (total_M, N). fp8 (e4m3) inputs take float32 scales and give bf16: per-tensor
+    (one element each), or row-wise as ``torch._scaled_grouped_mm`` takes them, ``scale_a`` (total_M,) (or
+    (total_M, 1)) one per row of a and ``scale_b`` (G, N) (or (G, 1, N)) one per group and column of b,
+    both contiguous, applied to the fp32 accumulator in the epilogue. One launch, no host
+    synchronization: it captures in a CUDA graph and replays with new offsets. The kernel clamps each
+    end into [previous end, total_M]; rows past the last end are not written (docs/runtime.md). Takes
+    torch tensors; not differentiable."""
     fast = _torch_operands(a, b)
     if fast is None:
         raise TypeError("grouped_gemm takes torch tensors (a and b); the operands given are "
@@ -236,12 +239,40 @@ def grouped_gemm_masked(a, b, masked_m, *, scale_a=None, scale_b=None, out=None,
     """The masked layout (DeepGEMM's, for decode under CUDA graphs): a (G, M_max, K), b (G, K, N),
     masked_m an int32 CUDA tensor of the G groups' row counts; ``out[g, :masked_m[g]] =
     a[g, :masked_m[g]] @ b[g]`` in out (G, M_max, N), whose other rows are not written. The kernel
-    clamps each count into [0, M_max]. fp8, graphs and checks as ``grouped_gemm``."""
+    clamps each count into [0, M_max]. fp8, graphs and checks as ``grouped_gemm``; row-wise
+    ``scale_a`` is (G, M_max) (or (G, M_max, 1))."""
     fast = _torch_operands(a, b)
     if fast is None:
         raise TypeError("grouped_gemm_masked takes torch tensors (a and b); the operands given are "
                         f"{type(a).__name__} and {type(b).__name__}")
     return fast.grouped_gemm(bundle, a, b, masked_m, scale_a, scale_b, out, stream, masked=True)
+
+
+def grouped_swiglu(a, w_gate_up, offs, *, scale_a=None, scale_b=None, out=None, bundle=None, stream=None):
+    """An expert MLP's gate_up projection: per group g, ``silu(a_g @ w_gate.T) * (a_g @ w_up.T)``, (total_M,
+    I), with ``a`` and ``offs`` as ``grouped_gemm`` takes them and ``w_gate_up`` (G, 2I, K), each expert's
+    gate and up rows interleaved in blocks of 64 (``swiglu_weight(w_gate, w_up)`` with (G, I, K) weights).
+    One grouped GEMM whose epilogue writes the product (the (total_M, 2I) intermediate is never stored)
+    where a kernel of the bundle fuses it; otherwise the grouped GEMM, then the product in torch, which
+    then writes every row (rows no group owns as zeros; ``explain(a, w_gate_up.transpose(1, 2),
+    offs=offs, activation="swiglu")`` says which). fp8 scales as ``grouped_gemm``'s, ``scale_b``'s columns
+    being w_gate_up's rows (G, 2I). Graphs and checks as ``grouped_gemm``."""
+    fast = _torch_operands(a, w_gate_up)
+    if fast is None:
+        raise TypeError("grouped_swiglu takes torch tensors (a and w_gate_up); the operands given are "
+                        f"{type(a).__name__} and {type(w_gate_up).__name__}")
+    return fast.grouped_swiglu(bundle, a, w_gate_up, offs, scale_a, scale_b, out, stream)
+
+
+def grouped_swiglu_masked(a, w_gate_up, masked_m, *, scale_a=None, scale_b=None, out=None, bundle=None,
+                          stream=None):
+    """``grouped_swiglu`` in the masked layout: a (G, M_max, K), masked_m as ``grouped_gemm_masked`` takes
+    it, out (G, M_max, I), whose rows past each count the fused kernel does not write."""
+    fast = _torch_operands(a, w_gate_up)
+    if fast is None:
+        raise TypeError("grouped_swiglu_masked takes torch tensors (a and w_gate_up); the operands given are "
+                        f"{type(a).__name__} and {type(w_gate_up).__name__}")
+    return fast.grouped_swiglu(bundle, a, w_gate_up, masked_m, scale_a, scale_b, out, stream, masked=True)
 
 
 def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias=None, residual=None,
@@ -256,13 +287,21 @@ def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias
     fp8 (fp4) operands with such scales (``out_dtype``: its result type, bf16 by default, e.g.
     ``torch.float8_e4m3fn``, which implies per-tensor scales where ``scale_format`` is None); with
     ``offs`` (or ``masked_m``), the kernel ``grouped_gemm(a, b, offs)`` (``grouped_gemm_masked``)
-    would run."""
+    would run; with ``activation="swiglu"`` too, ``grouped_swiglu(a, w, offs)`` (pass ``a`` and
+    ``w.transpose(1, 2)``), and with ``scale_format="rowwise"`` the row-wise scaled kernels."""
     from tilekiln._tensors import is_torch_tensor, torch_dtype_token
     from tilekiln.problem import requested_epilogue
 
     if offs is not None or masked_m is not None:
         masked = masked_m is not None
-        return _bundle_for(a, bundle).explain_grouped(a, b, masked_m if masked else offs, out, masked=masked)
+        if scale_format not in (None, "tensor", "rowwise"):
+            raise ValueError(f"scale_format: grouped kernels take per-tensor or row-wise scales, not {scale_format!r}")
+        act = "none" if activation is None else getattr(activation, "value", activation)
+        if act not in ("none", "swiglu"):
+            raise ValueError(f"activation: grouped kernels fuse 'swiglu' (or None), not {activation!r}")
+        requested = requested_epilogue(scaling=scale_format or "tensor", activation=act)
+        return _bundle_for(a, bundle).explain_grouped(a, b, masked_m if masked else offs, out, masked=masked,
+                                                      requested=requested)
     bias_type = "none" if bias is None else torch_dtype_token(bias.dtype if is_torch_tensor(bias) else bias)
     act = "none" if activation is None else getattr(activation, "value", activation)
     asked = {"scaling": "tensor"}

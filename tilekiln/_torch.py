@@ -8,10 +8,10 @@ Imported only when torch tensors are passed; importing it registers eight operat
     tilekiln::gemm_out(a, b, out!, bundle, kernel)
     tilekiln::scaled_gemm(a, b, scale_a, scale_b, out_dtype, bundle, kernel, scale_format, bias=None) -> Tensor
     tilekiln::scaled_gemm_out(a, b, scale_a, scale_b, out!, bundle, kernel, scale_format, bias=None)
-    tilekiln::grouped_gemm(a, b, offs, scale_a, scale_b, bundle, kernel) -> Tensor
-    tilekiln::grouped_gemm_out(a, b, offs, scale_a, scale_b, out!, bundle, kernel)
-    tilekiln::grouped_gemm_masked(a, b, masked_m, scale_a, scale_b, bundle, kernel) -> Tensor
-    tilekiln::grouped_gemm_masked_out(a, b, masked_m, scale_a, scale_b, out!, bundle, kernel)
+    tilekiln::grouped_gemm(a, b, offs, scale_a, scale_b, bundle, kernel, activation="none") -> Tensor
+    tilekiln::grouped_gemm_out(a, b, offs, scale_a, scale_b, out!, bundle, kernel, activation="none")
+    tilekiln::grouped_gemm_masked(a, b, masked_m, scale_a, scale_b, bundle, kernel, activation="none") -> Tensor
+    tilekiln::grouped_gemm_masked_out(a, b, masked_m, scale_a, scale_b, out!, bundle, kernel, activation="none")
 
 ``bundle`` names the bundle as a string (:func:`bundle_ref`: a loaded bundle's
 directory, a name or path given by the caller, or ``""`` for the default
@@ -49,7 +49,7 @@ from tilekiln.blockwise import BLOCK, check_scale_tensor, check_scales, scale_fo
 from tilekiln.bundle import Bundle, raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
 from tilekiln.problem import requested_epilogue, result_shape, result_strides
-from tilekiln.spec import DTYPES, GLU_BLOCK, SCALED_OUTPUTS
+from tilekiln.spec import DTYPES, GLU_BLOCK, MAX_EXTENT, SCALED_OUTPUTS
 
 Tensor = torch.Tensor
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -234,25 +234,27 @@ def swiglu_unfused(y: Tensor) -> Tensor:
 def swiglu_weight(w_gate: Tensor, w_up: Tensor | None = None) -> Tensor:
     """The gate_up weight ``tilekiln.swiglu`` takes, (2I, K) with rows interleaving gate and up in
     blocks of GLU_BLOCK, from ``w_gate`` and ``w_up`` (I, K) each, or from ``w_gate`` alone holding
-    ``[gate; up]`` (2I, K) stacked. A contiguous copy in the weights' dtype and device."""
+    ``[gate; up]`` (2I, K) stacked; with a leading expert dimension, (G, I, K) each or (G, 2I, K)
+    stacked, the (G, 2I, K) weight ``tilekiln.grouped_swiglu`` takes. A contiguous copy in the
+    weights' dtype and device."""
     if not isinstance(w_gate, Tensor) or (w_up is not None and not isinstance(w_up, Tensor)):
         bad = "w_gate" if not isinstance(w_gate, Tensor) else "w_up"
         raise TypeError(f"{bad}: expected a torch tensor, got {type(w_gate if bad == 'w_gate' else w_up).__name__}")
     if w_up is None:
-        if w_gate.dim() != 2 or w_gate.shape[0] % 2:
-            raise ValueError(f"w_gate: without w_up, expected the stacked [gate; up] weight (2I, K), an even number "
-                             f"of rows, got shape {list(w_gate.shape)}")
-        inter = w_gate.shape[0] // 2
-        gate, up = w_gate[:inter], w_gate[inter:]
+        if w_gate.dim() not in (2, 3) or w_gate.shape[-2] % 2:
+            raise ValueError(f"w_gate: without w_up, expected the stacked [gate; up] weight (2I, K) or (G, 2I, K), an "
+                             f"even number of rows, got shape {list(w_gate.shape)}")
+        inter = w_gate.shape[-2] // 2
+        gate, up = w_gate[..., :inter, :], w_gate[..., inter:, :]
     else:
         gate, up = w_gate, w_up
-        if gate.dim() != 2 or up.shape != gate.shape:
-            raise ValueError(f"w_up: expected the shape of w_gate (I, K), got w_gate {list(gate.shape)} and w_up "
-                             f"{list(up.shape)}")
+        if gate.dim() not in (2, 3) or up.shape != gate.shape:
+            raise ValueError(f"w_up: expected the shape of w_gate, (I, K) or (G, I, K), got w_gate {list(gate.shape)} "
+                             f"and w_up {list(up.shape)}")
         if up.dtype != gate.dtype or up.device != gate.device:
             raise ValueError(f"w_up: {up.dtype} on {up.device}, while w_gate is {gate.dtype} on {gate.device}; "
                              "pass both in one dtype on one device")
-    return glu_interleave(gate.t(), up.t()).t().contiguous()
+    return glu_interleave(gate.transpose(-1, -2), up.transpose(-1, -2)).transpose(-1, -2).contiguous()
 
 
 # What torch computes for a requested activation no kernel fuses: ACTIVATIONS and the gated one.
@@ -895,11 +897,54 @@ def _scaled_gemm_out_fake(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor
 # -- grouped GEMM (tilekiln/grouped.py) --------------------------------------------------------------
 
 
+def grouped_scaling(scale_a, scale_b) -> str:
+    """A grouped call's scaling, read from its scales as torch._scaled_grouped_mm reads them: "none"
+    without scales, "rowwise" where both are tensors and one has more than one element, else "tensor"
+    (whose check names a missing or wrong scale)."""
+    if scale_a is None and scale_b is None:
+        return "none"
+    if all(isinstance(s, Tensor) for s in (scale_a, scale_b)) and max(scale_a.numel(), scale_b.numel()) > 1:
+        return "rowwise"
+    return "tensor"
+
+
+def check_grouped_scales(a: Tensor, b: Tensor, scale_a, scale_b, masked: bool) -> None:
+    """Check a row-wise grouped call's scales, as torch._scaled_grouped_mm takes them: float32,
+    contiguous, on a's device; scale_a one per row of a, (total_M,) or (total_M, 1) (masked: (G, M_max)
+    or (G, M_max, 1)), scale_b one per group and column of b, (G, N) or (G, 1, N). TypeError or
+    ValueError naming the argument. Each vector's length must be an int32 (the kernels index it so)."""
+    groups, n = b.shape[0], b.shape[-1]
+    rows = tuple(a.shape[:-1])
+    for name, scale, shapes, per in (
+            ("scale_a", scale_a, (rows, (*rows, 1)), "row of a"),
+            ("scale_b", scale_b, ((groups, n), (groups, 1, n)), "group and column of b")):
+        want = f"{' or '.join(str(tuple(x)) for x in shapes)} (one per {per})"
+        if not isinstance(scale, Tensor):
+            raise TypeError(f"{name}: expected a contiguous float32 tensor {want} for row-wise scales, got "
+                            f"{type(scale).__name__}")
+        problems = []
+        if scale.dtype != torch.float32:
+            problems.append(f"dtype {scale.dtype} (convert with .float())")
+        if tuple(scale.shape) not in shapes:
+            problems.append(f"shape {list(scale.shape)}")
+        elif not scale.is_contiguous():
+            problems.append(f"strides {list(scale.stride())} (call .contiguous())")
+        if scale.device != a.device:
+            problems.append(f"device {scale.device}")
+        if problems:
+            raise ValueError(f"{name}: expected a contiguous float32 tensor {want} on the inputs' device for row-wise "
+                             f"scales; got {', '.join(problems)}")
+        if scale.numel() > MAX_EXTENT:
+            raise ValueError(f"{name}: {scale.numel()} scales exceed the kernels' int32 index ({MAX_EXTENT}); split "
+                             "the experts over several calls")
+
+
 def grouped_gemm(bundle, a: Tensor, b: Tensor, rows: Tensor, scale_a, scale_b, out: Tensor | None, stream,
-                 kernel: str | None = None, masked: bool = False):
+                 kernel: str | None = None, masked: bool = False, activation: str = "none"):
     """``grouped_gemm`` (``rows`` is offs) or, with ``masked``, ``grouped_gemm_masked`` (``rows`` is
-    masked_m) for torch tensors; not differentiable."""
-    name = "grouped_gemm_masked" if masked else "grouped_gemm"
+    masked_m) for torch tensors; ``activation`` "swiglu": ``grouped_swiglu`` (b's columns interleave
+    gate and up). Not differentiable."""
+    name = ("grouped_swiglu" if activation == "swiglu" else "grouped_gemm") + ("_masked" if masked else "")
     if _is_compiling():
         if stream is not None:
             raise TypeError("stream=: not supported while torch.compile traces; make the stream current "
@@ -908,21 +953,61 @@ def grouped_gemm(bundle, a: Tensor, b: Tensor, rows: Tensor, scale_a, scale_b, o
         op, out_op = ((grouped_gemm_masked_op, grouped_gemm_masked_out_op) if masked else
                       (grouped_gemm_op, grouped_gemm_out_op))
         if out is None:
-            return op(a, b, rows, scale_a, scale_b, ref, kernel or "")
-        out_op(a, b, rows, scale_a, scale_b, out, ref, kernel or "")
+            return op(a, b, rows, scale_a, scale_b, ref, kernel or "", activation)
+        out_op(a, b, rows, scale_a, scale_b, out, ref, kernel or "", activation)
         return out
     if _grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in (a, b, scale_a, scale_b)):
         raise RuntimeError(f"{name} is not differentiable; detach its inputs or call it under torch.no_grad()")
     if not isinstance(bundle, Bundle):
         bundle = resolve(bundle_ref(bundle), a.get_device())
-    return run_grouped_gemm(bundle, a, b, rows, scale_a, scale_b, out, stream, kernel, masked)
+    return run_grouped_gemm(bundle, a, b, rows, scale_a, scale_b, out, stream, kernel, masked, activation)
+
+
+def grouped_swiglu(bundle, a: Tensor, w_gate_up: Tensor, rows: Tensor, scale_a, scale_b, out: Tensor | None,
+                   stream, kernel: str | None = None, masked: bool = False):
+    """``grouped_swiglu`` (``rows`` is offs) or ``grouped_swiglu_masked`` (masked_m): ``w_gate_up``
+    (G, 2I, K), each expert's gate and up rows interleaved (:func:`swiglu_weight`), checked here so
+    that errors name it; the grouped GEMM of ``a`` and ``w_gate_up.transpose(1, 2)`` with SwiGLU."""
+    if not isinstance(w_gate_up, Tensor):
+        raise TypeError(f"w_gate_up: expected a torch tensor, got {type(w_gate_up).__name__}")
+    if w_gate_up.dim() != 3 or w_gate_up.shape[1] % 2 or a.shape[-1] != w_gate_up.shape[2]:
+        raise ValueError(f"w_gate_up: expected (G, 2I, K) with K = a's last dimension and an even row count (each "
+                         f"expert's gate and up interleaved: tilekiln.swiglu_weight), got w_gate_up "
+                         f"{list(w_gate_up.shape)} and a {list(a.shape)}")
+    if w_gate_up.dtype != a.dtype:
+        raise TypeError(f"w_gate_up: dtype {w_gate_up.dtype} is not a's ({a.dtype}); convert one of them")
+    if w_gate_up.device != a.device:
+        raise ValueError(f"w_gate_up: on {w_gate_up.device} while a is on {a.device}; move it with "
+                         "w_gate_up.to(a.device)")
+    return grouped_gemm(bundle, a, w_gate_up.transpose(1, 2), rows, scale_a, scale_b, out, stream, kernel, masked,
+                        "swiglu")
+
+
+def _grouped_plan(bundle: Bundle, a: Tensor, b: Tensor, rows: Tensor, scale_a, scale_b, out: Tensor | None,
+                  kernel: str | None, masked: bool, activation: str):
+    """The plan of a grouped call, after every check of its arguments (the scales' by their format)."""
+    from tilekiln.grouped import make_grouped_problem, make_masked_problem, plan_grouped
+
+    scaling = grouped_scaling(scale_a, scale_b)
+    requested = requested_epilogue(scaling="rowwise" if scaling == "rowwise" else "tensor", activation=activation)
+    make = make_masked_problem if masked else make_grouped_problem
+    problem = make(describe(a, "a"), describe(b, "b"), describe(rows, "masked_m" if masked else "offs"),
+                   None if out is None else describe(out, "out"), scaling != "none", requested)
+    if scaling == "tensor":
+        for scale_name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
+            _check_scale(scale_name, scale, problem.device)
+    elif scaling == "rowwise":
+        check_grouped_scales(a, b, scale_a, scale_b, masked)
+    return plan_grouped(bundle, problem, kernel)
 
 
 def run_grouped_gemm(bundle: Bundle, a: Tensor, b: Tensor, rows, scale_a, scale_b, out: Tensor | None, stream,
-                     kernel: str | None = None, masked: bool = False):
+                     kernel: str | None = None, masked: bool = False, activation: str = "none"):
     """The grouped call, checked (every argument's shape, dtype, device and strides, from the cached plan's
-    key) and launched; never reads ``rows`` (offs, or masked_m when ``masked``)."""
-    from tilekiln.grouped import launch_grouped, make_grouped_problem, make_masked_problem, plan_grouped
+    key) and launched; never reads ``rows`` (offs, or masked_m when ``masked``). A swiglu no kernel
+    fuses runs the grouped GEMM into a zeroed buffer, whose rows no group owns stay zero, and torch
+    pairs its columns into ``out`` (every row of which it writes)."""
+    from tilekiln.grouped import launch_grouped
 
     name = "masked_m" if masked else "offs"
     if not isinstance(rows, Tensor):
@@ -931,87 +1016,96 @@ def run_grouped_gemm(bundle: Bundle, a: Tensor, b: Tensor, rows, scale_a, scale_
     key = ("grouped", masked, a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype,
            b.get_device(), rows.shape, rows.stride(), rows.dtype, rows.get_device(),
            None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()), kernel,
-           _scale_signature(scale_a), _scale_signature(scale_b))
+           _scale_signature(scale_a), _scale_signature(scale_b), activation)
     plan = bundle._plans.get(key)
     if plan is None:
-        scaled = scale_a is not None or scale_b is not None
-        make = make_masked_problem if masked else make_grouped_problem
-        problem = make(describe(a, "a"), describe(b, "b"), describe(rows, name),
-                       None if out is None else describe(out, "out"), scaled)
-        plan = plan_grouped(bundle, problem, kernel)
-        if scaled:
-            for scale_name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
-                _check_scale(scale_name, scale, plan.problem.device)
+        plan = _grouped_plan(bundle, a, b, rows, scale_a, scale_b, out, kernel, masked, activation)
         bundle.remember(key, plan)
     problem = plan.problem
+    dtype = torch.bfloat16 if problem.out_dtype == "bf16" else a.dtype
     if out is None:
-        dtype = torch.bfloat16 if problem.out_dtype == "bf16" else a.dtype
         out = _allocate(problem.out_shape, problem.k, dtype, a.device)
     if plan.block is None:
         if problem.k == 0 and out.numel():
             with _on_stream(stream, problem.device):
                 out.zero_()
         return out
-    launch_grouped(bundle, plan, a.data_ptr(), b.data_ptr(), out.data_ptr(), rows.data_ptr(),
+    target = out
+    if plan.unfused:
+        with _on_stream(stream, problem.device):
+            target = _allocate(plan.run.out_shape, problem.k, dtype, a.device).zero_()
+    launch_grouped(bundle, plan, a.data_ptr(), b.data_ptr(), target.data_ptr(), rows.data_ptr(),
                    _stream_handle(stream, problem.device), 0 if scale_a is None else scale_a.data_ptr(),
                    0 if scale_b is None else scale_b.data_ptr())
+    if plan.unfused:
+        return _apply_unfused(plan, target, out, stream)
     return out
 
 
 @torch.library.custom_op("tilekiln::grouped_gemm", mutates_args=())
 def grouped_gemm_op(a: Tensor, b: Tensor, offs: Tensor, scale_a: Tensor | None, scale_b: Tensor | None,
-                    bundle: str, kernel: str) -> Tensor:
+                    bundle: str, kernel: str, activation: str = "none") -> Tensor:
     """torch._grouped_mm(a, b, offs=offs) (contiguous layout) on ``bundle``'s grouped kernels; with fp8
-    inputs, times the per-tensor scales, in bf16."""
+    inputs, times the per-tensor or row-wise scales, in bf16; ``activation`` "swiglu": silu(gate) * up
+    of b's interleaved columns, N/2 of them."""
     return run_grouped_gemm(resolve(bundle, a.get_device()), a, b, offs, scale_a, scale_b, None, None,
-                            kernel or None)
+                            kernel or None, activation=activation)
 
 
 def _grouped_dtype(a: Tensor, scale_a, scale_b) -> torch.dtype:
     return a.dtype if scale_a is None and scale_b is None else torch.bfloat16
 
 
+def _grouped_columns(b: Tensor, activation: str) -> int:
+    """The result's columns: b's N, halved by a gated activation (as make_grouped_problem's)."""
+    return b.shape[-1] // 2 if activation == "swiglu" else b.shape[-1]
+
+
 @grouped_gemm_op.register_fake
 def _grouped_gemm_fake(a: Tensor, b: Tensor, offs: Tensor, scale_a: Tensor | None, scale_b: Tensor | None,
-                       bundle: str, kernel: str) -> Tensor:
-    return _allocate((a.shape[0], b.shape[-1]), a.shape[-1], _grouped_dtype(a, scale_a, scale_b), a.device)
+                       bundle: str, kernel: str, activation: str = "none") -> Tensor:
+    return _allocate((a.shape[0], _grouped_columns(b, activation)), a.shape[-1], _grouped_dtype(a, scale_a, scale_b),
+                     a.device)
 
 
 @torch.library.custom_op("tilekiln::grouped_gemm_out", mutates_args=("out",))
 def grouped_gemm_out_op(a: Tensor, b: Tensor, offs: Tensor, scale_a: Tensor | None, scale_b: Tensor | None,
-                        out: Tensor, bundle: str, kernel: str) -> None:
-    run_grouped_gemm(resolve(bundle, a.get_device()), a, b, offs, scale_a, scale_b, out, None, kernel or None)
+                        out: Tensor, bundle: str, kernel: str, activation: str = "none") -> None:
+    run_grouped_gemm(resolve(bundle, a.get_device()), a, b, offs, scale_a, scale_b, out, None, kernel or None,
+                     activation=activation)
 
 
 @grouped_gemm_out_op.register_fake
 def _grouped_gemm_out_fake(a: Tensor, b: Tensor, offs: Tensor, scale_a: Tensor | None, scale_b: Tensor | None,
-                           out: Tensor, bundle: str, kernel: str) -> None:
+                           out: Tensor, bundle: str, kernel: str, activation: str = "none") -> None:
     return None
 
 
 @torch.library.custom_op("tilekiln::grouped_gemm_masked", mutates_args=())
 def grouped_gemm_masked_op(a: Tensor, b: Tensor, masked_m: Tensor, scale_a: Tensor | None, scale_b: Tensor | None,
-                           bundle: str, kernel: str) -> Tensor:
-    """The masked layout: out[g, :masked_m[g]] = a[g, :masked_m[g]] @ b[g]."""
+                           bundle: str, kernel: str, activation: str = "none") -> Tensor:
+    """The masked layout: out[g, :masked_m[g]] = a[g, :masked_m[g]] @ b[g] (with ``activation``)."""
     return run_grouped_gemm(resolve(bundle, a.get_device()), a, b, masked_m, scale_a, scale_b, None, None,
-                            kernel or None, masked=True)
+                            kernel or None, masked=True, activation=activation)
 
 
 @grouped_gemm_masked_op.register_fake
 def _grouped_gemm_masked_fake(a: Tensor, b: Tensor, masked_m: Tensor, scale_a: Tensor | None,
-                              scale_b: Tensor | None, bundle: str, kernel: str) -> Tensor:
-    return _allocate((a.shape[0], a.shape[1], b.shape[-1]), a.shape[-1], _grouped_dtype(a, scale_a, scale_b),
-                             a.device)
+                              scale_b: Tensor | None, bundle: str, kernel: str, activation: str = "none") -> Tensor:
+    return _allocate((a.shape[0], a.shape[1], _grouped_columns(b, activation)), a.shape[-1],
+                     _grouped_dtype(a, scale_a, scale_b), a.device)
 
 
 @torch.library.custom_op("tilekiln::grouped_gemm_masked_out", mutates_args=("out",))
 def grouped_gemm_masked_out_op(a: Tensor, b: Tensor, masked_m: Tensor, scale_a: Tensor | None,
-                               scale_b: Tensor | None, out: Tensor, bundle: str, kernel: str) -> None:
+                               scale_b: Tensor | None, out: Tensor, bundle: str, kernel: str,
+                               activation: str = "none") -> None:
     run_grouped_gemm(resolve(bundle, a.get_device()), a, b, masked_m, scale_a, scale_b, out, None, kernel or None,
-                     masked=True)
+                     masked=True, activation=activation)
 
 
 @grouped_gemm_masked_out_op.register_fake
 def _grouped_gemm_masked_out_fake(a: Tensor, b: Tensor, masked_m: Tensor, scale_a: Tensor | None,
-                                  scale_b: Tensor | None, out: Tensor, bundle: str, kernel: str) -> None:
+                                  scale_b: Tensor | None, out: Tensor, bundle: str, kernel: str,
+                                  activation: str = "none") -> None:
     return None

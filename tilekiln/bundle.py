@@ -369,17 +369,25 @@ class Bundle:
             return choice
         return replace(choice, notes=choice.notes + self._explain_backward(a_op, b_op, problem))
 
-    def explain_grouped(self, a, b, rows, out=None, masked: bool = False) -> Choice:
+    def explain_grouped(self, a, b, rows, out=None, masked: bool = False,
+                        requested: tuple[tuple[str, object], ...] = ()) -> Choice:
         """Which grouped kernel ``grouped_gemm(a, b, rows)`` (``grouped_gemm_masked`` when
-        ``masked``) would run, and why not the others (fp8 inputs: the scaled kernels)."""
-        from tilekiln.grouped import choose_grouped, make_grouped_problem, make_masked_problem
+        ``masked``) would run, and why not the others (fp8 inputs: the scaled kernels). ``requested``:
+        the epilogue asked for (swiglu, row-wise scales); a swiglu no kernel fuses is the ungated
+        GEMM's choice, with a note that torch pairs the columns."""
+        from tilekiln.grouped import choose_grouped_fused, make_grouped_problem, make_masked_problem
         from tilekiln.spec import SCALED_INPUTS
 
         a_op = describe(a, "a")
         make = make_masked_problem if masked else make_grouped_problem
         problem = make(a_op, describe(b, "b"), describe(rows, "masked_m" if masked else "offs"),
-                       describe(out, "out") if out is not None else None, a_op.dtype in SCALED_INPUTS)
-        return choose_grouped(self, problem)
+                       describe(out, "out") if out is not None else None, a_op.dtype in SCALED_INPUTS, requested)
+        choice, unfused = choose_grouped_fused(self, problem)
+        if unfused:
+            rest = ", ".join(f"{name} {value}" for name, value in unfused)
+            choice = replace(choice, notes=(f"unfused: no kernel computes {rest}; torch applies it after "
+                                            f"{choice.label}",))
+        return choice
 
     def _explain_backward(self, a: Operand, b: Operand, problem: GemmProblem) -> tuple[str, ...]:
         grad = Operand("grad", problem.out_shape, contiguous_strides(problem.out_shape), problem.out_dtype, 0,
@@ -461,6 +469,23 @@ class Bundle:
             raise TypeError("grouped_gemm_masked takes torch tensors (a and b); the operands given are "
                             f"{type(a).__name__} and {type(b).__name__}")
         return torch_path().grouped_gemm(self, a, b, masked_m, scale_a, scale_b, out, stream, kernel, masked=True)
+
+    def grouped_swiglu(self, a, w_gate_up, offs, *, scale_a=None, scale_b=None, out=None, stream=None,
+                       kernel: str | None = None):
+        """``tilekiln.grouped_swiglu`` on this bundle's kernels; ``kernel`` pins one by id."""
+        if not (is_torch_tensor(a) and is_torch_tensor(w_gate_up)):
+            raise TypeError("grouped_swiglu takes torch tensors (a and w_gate_up); the operands given are "
+                            f"{type(a).__name__} and {type(w_gate_up).__name__}")
+        return torch_path().grouped_swiglu(self, a, w_gate_up, offs, scale_a, scale_b, out, stream, kernel)
+
+    def grouped_swiglu_masked(self, a, w_gate_up, masked_m, *, scale_a=None, scale_b=None, out=None, stream=None,
+                              kernel: str | None = None):
+        """``tilekiln.grouped_swiglu_masked`` on this bundle's kernels; ``kernel`` pins one by id."""
+        if not (is_torch_tensor(a) and is_torch_tensor(w_gate_up)):
+            raise TypeError("grouped_swiglu_masked takes torch tensors (a and w_gate_up); the operands given are "
+                            f"{type(a).__name__} and {type(w_gate_up).__name__}")
+        return torch_path().grouped_swiglu(self, a, w_gate_up, masked_m, scale_a, scale_b, out, stream, kernel,
+                                           masked=True)
 
     def launch(self, plan: Plan, pa: int, pb: int, pc: int, stream: int, scale_a: int = 0,
                scale_b: int = 0, bias: int = 0, residual: int = 0, scale_result: int = 0) -> None:

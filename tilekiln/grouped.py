@@ -20,10 +20,16 @@ copied). The kernels read ``offs`` and ``masked_m`` on the device, so nothing he
 device memory or synchronizes, and a call can be captured in a CUDA graph and replayed with
 new routing.
 
+The epilogue an expert MLP asks for (``requested``, as GemmProblem.requested): SwiGLU on the
+gate_up GEMM (b's N columns interleave gate and up in blocks of GLU_BLOCK; the result has N/2),
+fused where a kernel computes it, else the GEMM and then torch's pairing (GroupedPlan.unfused);
+and row-wise fp8 scales, scale_a per row of a and scale_b (G, N) per group and column of b, which
+only a kernel with them runs.
+
 What is checked on every call, before any launch (a violation raises ``TypeError`` or
 ``ValueError`` naming the argument): every tensor's shape, dtype, device and strides; ``offs``
 or ``masked_m`` int32, 1-D, G entries, contiguous, on the inputs' device, with 1 <= G <=
-MAX_GROUPS (tilekiln/spec.py). Their values live in device memory and are not checked: the
+MAX_GROUPS (tilekiln/spec.py); the scales (tilekiln/_torch.py, check_grouped_scales). Their values live in device memory and are not checked: the
 kernels clamp each end into [previous end, total_M] and each count into [0, M_max], so values
 that break the contract shorten or empty groups instead of reading or writing out of bounds.
 Rows past the last end, or past a group's count, are not written.
@@ -38,8 +44,8 @@ from tilekiln._native import CALL, NativeLibrary
 from tilekiln._tensors import Operand
 from tilekiln.bundle import raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
-from tilekiln.problem import GemmProblem, Layout2, padded_lead
-from tilekiln.select import Choice, choose
+from tilekiln.problem import GemmProblem, Layout2, gated, padded_lead
+from tilekiln.select import Choice, choose, choose_fused
 from tilekiln.spec import FAMILIES, MAX_EXTENT, SCALED_INPUTS
 
 MAX_GROUPS = FAMILIES["grouped"].indices[0].limit
@@ -121,8 +127,8 @@ def _check_common(a: Operand, b: Operand, rows: Operand, out: Operand | None, ou
     if scaled and a.dtype not in SCALED_INPUTS:
         _fail(TypeError, "scale_a", f"scales are for 8-bit float inputs ({', '.join(SCALED_INPUTS)}); a is {a.dtype}")
     if a.dtype in SCALED_INPUTS and not scaled:
-        _fail(TypeError, "scale_a", f"{a.dtype} inputs need per-tensor scales: pass scale_a and scale_b "
-              "(one-element float32 tensors)")
+        _fail(TypeError, "scale_a", f"{a.dtype} inputs need scales: pass scale_a and scale_b (one-element float32 "
+              "tensors, or row-wise ones as torch._scaled_grouped_mm takes them)")
     for op in (a, b, rows):
         if op.device < 0:
             _fail(ValueError, op.name, "tensor is in host memory; tilekiln runs on CUDA devices, move it with .cuda()")
@@ -156,47 +162,62 @@ def _weights(b: Operand) -> Layout2:
     return lb
 
 
+def _out_columns(b: Operand, requested: tuple[tuple[str, object], ...]) -> int:
+    """The result's columns: b's N, or N/2 where ``requested`` is gated (swiglu pairs two)."""
+    n = b.shape[-1] if len(b.shape) == 3 else 0
+    if not gated(requested):
+        return n
+    if n % 2:
+        _fail(ValueError, "b", f"{n} columns, an odd count; swiglu pairs a gate and an up column into each output "
+              "column, so N = 2 x I (tilekiln.swiglu_weight interleaves them)")
+    return n // 2
+
+
 def make_grouped_problem(a: Operand, b: Operand, offs: Operand, out: Operand | None,
-                         scaled: bool) -> GroupedProblem:
+                         scaled: bool, requested: tuple[tuple[str, object], ...] = ()) -> GroupedProblem:
     """The contiguous layout: check every argument's shape, dtype, device and strides (never the
-    values of ``offs``). ``scaled``: per-tensor scales were passed (fp8 inputs, bf16 result)."""
+    values of ``offs``). ``scaled``: scales were passed (fp8 inputs, bf16 result). ``requested``:
+    the epilogue the call asks for (a gated one halves the result's columns)."""
     if len(a.shape) != 2:
         _fail(ValueError, "a", f"expected a 2-D (total_M, K) tensor of every group's rows, got shape {list(a.shape)}")
     m, k = a.shape
     n = b.shape[-1] if len(b.shape) == 3 else 0
-    out_dtype = _check_common(a, b, offs, out, (m, n), scaled, "cumulative row ends")
+    out_n = _out_columns(b, requested)
+    out_dtype = _check_common(a, b, offs, out, (m, out_n), scaled, "cumulative row ends")
     groups = b.shape[0]
     none = Layout2("", 0, 0)
     if 0 in (m, n, k):
-        return GroupedProblem(a.dtype, b.dtype, out_dtype, m, n, k, 1, none, none, none, (m, n), a.device, False,
-                              groups=groups)
+        return GroupedProblem(a.dtype, b.dtype, out_dtype, m, n, k, 1, none, none, none, (m, out_n), a.device,
+                              False, requested, groups=groups)
     lead_a = _row_major(a, "a")
-    lead_c = padded_lead(n, 2 if scaled else a.itemsize) if out is None else _row_major(out, "out")
+    lead_c = padded_lead(out_n, 2 if scaled else a.itemsize) if out is None else _row_major(out, "out")
     # A and C are single matrices: their batch stride only has to satisfy TMA.
     return GroupedProblem(a.dtype, b.dtype, out_dtype, m, n, k, 1, Layout2("k", lead_a, lead_a * m), _weights(b),
-                          Layout2("n", lead_c, lead_c * m), (m, n), a.device, False, groups=groups)
+                          Layout2("n", lead_c, lead_c * m), (m, out_n), a.device, False, requested, groups=groups)
 
 
 def make_masked_problem(a: Operand, b: Operand, masked_m: Operand, out: Operand | None,
-                        scaled: bool) -> GroupedProblem:
-    """The masked layout: ``a`` (G, M_max, K), ``out`` (G, M_max, N); every argument checked as
-    in :func:`make_grouped_problem` (never the values of ``masked_m``)."""
+                        scaled: bool, requested: tuple[tuple[str, object], ...] = ()) -> GroupedProblem:
+    """The masked layout: ``a`` (G, M_max, K), ``out`` (G, M_max, N) (N/2 where ``requested`` is
+    gated); every argument checked as in :func:`make_grouped_problem` (never the values of
+    ``masked_m``)."""
     if len(a.shape) != 3:
         _fail(ValueError, "a", f"expected a 3-D (G, M_max, K) tensor, each group's rows in its own entry, got shape "
               f"{list(a.shape)}")
     groups, m, k = a.shape
     n = b.shape[-1] if len(b.shape) == 3 else 0
-    out_dtype = _check_common(a, b, masked_m, out, (groups, m, n), scaled, "row counts")
+    out_n = _out_columns(b, requested)
+    out_dtype = _check_common(a, b, masked_m, out, (groups, m, out_n), scaled, "row counts")
     if b.shape[0] != groups:
         _fail(ValueError, "b", f"has {b.shape[0]} groups but a has {groups}; a is (G, M_max, K) and b (G, K, N)")
     none = Layout2("", 0, 0)
     if 0 in (m, n, k):
-        return GroupedProblem(a.dtype, b.dtype, out_dtype, m, n, k, 1, none, none, none, (groups, m, n), a.device,
-                              False, groups=groups, masked=True)
+        return GroupedProblem(a.dtype, b.dtype, out_dtype, m, n, k, 1, none, none, none, (groups, m, out_n),
+                              a.device, False, requested, groups=groups, masked=True)
     lead_a = _row_major(a, "a")
     la = Layout2("k", lead_a, a.strides[0] if groups > 1 else lead_a * m)
     if out is None:
-        lead_c = padded_lead(n, 2 if scaled else a.itemsize)
+        lead_c = padded_lead(out_n, 2 if scaled else a.itemsize)
         lc = Layout2("n", lead_c, lead_c * m)
     else:
         lead_c = _row_major(out, "out")
@@ -204,8 +225,8 @@ def make_masked_problem(a: Operand, b: Operand, masked_m: Operand, out: Operand 
             _fail(ValueError, "out", f"batch stride {out.strides[0]} overlaps the previous group's {m} rows of "
                   f"{lead_c} elements; each group needs rows of its own")
         lc = Layout2("n", lead_c, out.strides[0] if groups > 1 else lead_c * m)
-    return GroupedProblem(a.dtype, b.dtype, out_dtype, m, n, k, 1, la, _weights(b), lc, (groups, m, n), a.device,
-                          False, groups=groups, masked=True)
+    return GroupedProblem(a.dtype, b.dtype, out_dtype, m, n, k, 1, la, _weights(b), lc, (groups, m, out_n), a.device,
+                          False, requested, groups=groups, masked=True)
 
 
 @dataclass(frozen=True)
@@ -216,6 +237,10 @@ class GroupedPlan:
     kernel_id: str
     block: object  # the packed tk_plan_grouped_t; None: nothing to launch
     align_mask: int = 0
+    run: GroupedProblem | None = None  # what the kernel runs: the problem, or its ungated GEMM
+    # The requested epilogue the kernel does not compute (swiglu): torch applies it to the kernel's
+    # result, as Plan.unfused (tilekiln/bundle.py).
+    unfused: tuple[tuple[str, object], ...] = ()
 
 
 def choose_grouped(bundle, problem: GroupedProblem, kernel: str | None = None) -> Choice:
@@ -230,11 +255,21 @@ def choose_grouped(bundle, problem: GroupedProblem, kernel: str | None = None) -
                   lambda k: bundle.resident_clusters(k, device))
 
 
+def choose_grouped_fused(bundle, problem: GroupedProblem, kernel: str | None = None
+                         ) -> tuple[Choice, tuple[tuple[str, object], ...]]:
+    """The grouped kernel for ``problem`` and what of its requested epilogue no kernel computes
+    (select.choose_fused: a swiglu no kernel fuses runs as the ungated GEMM); a pinned ``kernel``
+    computes all of it or is rejected."""
+    if kernel is not None:
+        return choose_grouped(bundle, problem, kernel), ()
+    return choose_fused(lambda p: choose_grouped(bundle, p), problem)
+
+
 def plan_grouped(bundle, problem: GroupedProblem, kernel: str | None = None) -> GroupedPlan:
     """The plan of a problem made by :func:`make_grouped_problem` or :func:`make_masked_problem`."""
     if problem.m == 0 or problem.n == 0 or problem.k == 0:
         return GroupedPlan(problem, "", None)
-    choice = choose_grouped(bundle, problem, kernel)
+    choice, unfused = choose_grouped_fused(bundle, problem, kernel)
     if choice.kernel is None:
         raise NoKernelError(f"bundle {bundle.name} has no {problem.family} kernel for {problem.dtype} "
                             f"(M {problem.m}, N {problem.n}, K {problem.k}, G {problem.groups}):\n{choice}")
@@ -242,12 +277,13 @@ def plan_grouped(bundle, problem: GroupedProblem, kernel: str | None = None) -> 
     bundle._ensure_ready(k.index, problem.device)
     clusters = bundle.resident_clusters(k, problem.device)
     family = FAMILIES[problem.family]
-    strides = tuple(s for t in family.tensors for s in (getattr(problem, t.name).lead, getattr(problem, t.name).batch))
-    # Per-tensor scales only (rule BLOCKWISE): the scales' strides in the plan block stay zero.
+    run = choice.run
+    strides = tuple(s for t in family.tensors for s in (getattr(run, t.name).lead, getattr(run, t.name).batch))
+    # Per-tensor or row-wise scales (rule BLOCKWISE): the scales' strides in the plan block stay zero.
     scales = (0,) * (2 * len(family.scales))
-    static = (*strides, *scales, *(problem.extent(e) for e in family.extents), clusters)
+    static = (*strides, *scales, *(run.extent(e) for e in family.extents), clusters)
     return GroupedPlan(problem, k.id, NativeLibrary.plan_block(family, k.index, problem.device, static),
-                       k.contract.base_alignment - 1)
+                       k.contract.base_alignment - 1, run, unfused)
 
 
 def launch_grouped(bundle, plan: GroupedPlan, pa: int, pb: int, pc: int, prows: int, stream: int,

@@ -118,7 +118,7 @@ BAD = [
     (op("a", (8, 16)), weights(2, 32, 16), op("offs", (2,), dtype="i32"), None, True, TypeError,
      "scale_a: scales are for 8-bit"),
     (op("a", (8, 16), dtype="e4m3"), weights(2, 32, 16, "e4m3"), op("offs", (2,), dtype="i32"), None, False,
-     TypeError, "need per-tensor scales"),
+     TypeError, "need scales: pass scale_a and scale_b"),
     (op("a", (8, 16), device=-1), weights(2, 32, 16), op("offs", (2,), dtype="i32"), None, False, ValueError,
      "a: tensor is in host memory"),
     (op("a", (8, 16)), weights(2, 32, 16), op("offs", (2,), dtype="i32", device=-1), None, False, ValueError,

@@ -278,8 +278,10 @@ def test_swiglu_weight_interleaves_gate_and_up_blocks_and_the_unfused_product_ma
 def test_swiglu_weight_names_its_bad_arguments():
     with pytest.raises(ValueError, match=r"w_gate: without w_up, expected the stacked \[gate; up\] weight"):
         tilekiln.swiglu_weight(torch.empty(7, 4))
-    with pytest.raises(ValueError, match=r"w_up: expected the shape of w_gate \(I, K\)"):
+    with pytest.raises(ValueError, match=r"w_up: expected the shape of w_gate, \(I, K\) or \(G, I, K\)"):
         tilekiln.swiglu_weight(torch.empty(8, 4), torch.empty(8, 5))
+    with pytest.raises(ValueError, match=r"w_gate: without w_up, expected the stacked \[gate; up\] weight"):
+        tilekiln.swiglu_weight(torch.empty(2, 4, 3, 4))
     with pytest.raises(ValueError, match="w_up: torch.float16 on cpu, while w_gate is torch.float32"):
         tilekiln.swiglu_weight(torch.empty(8, 4), torch.empty(8, 4, dtype=torch.float16))
     with pytest.raises(TypeError, match="w_up: expected a torch tensor, got list"):
