@@ -10,12 +10,12 @@ kernel leaves unwritten fails. The fp32-result kernels run as split-K (bf16)
 and, for fp8, straight into a float32 result. Blockwise-scaled kernels run
 on inputs quantized by ``quantize_fp8_blockwise`` (K rounded up to a multiple
 of 128), against the product of the dequantized inputs; row-wise-scaled ones on
-fresh (M, 1) and (1, N) scales; fp8-result (e4m3 C) ones with a scale_result
+fresh (M, 1) and (1, N) scales (grouped ones on scales per row and per group and column); fp8-result (e4m3 C) ones with a scale_result
 that saturates the largest values, against the float64 reference saturated
 and rounded to e4m3; residual kernels on a fresh residual, once into a
-separate output and once in place (the output is the residual). SwiGLU kernels run with N
-rounded up to whole gate/up block pairs (I then not a multiple of their tiles' half), writing N/2
-columns, against the float64 product paired by torch. Block-scaled (mxfp8) kernels run on inputs
+separate output and once in place (the output is the residual). SwiGLU kernels (dense and
+grouped) run with N rounded up to whole gate/up block pairs (I then not a multiple of their tiles'
+half), writing N/2 columns, against the float64 product paired by torch. Block-scaled (mxfp8) kernels run on inputs
 quantized by ``tilekiln.blockscaled.quantize_operand`` (K rounded up to whole scale-factor atoms), their
 scales passed in the blocked layout, against the product of the dequantized inputs. A kernel passes when every
 relative error ||out - ref|| / ||ref|| is under :data:`TOLERANCE` and no
@@ -245,35 +245,59 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
 def _grouped_runs(torch, bundle, kernel: KernelRecord, gen, dtype, out_dtype, scales):
     """Runs of a grouped kernel (contiguous or masked layout, as its family says) on the routings of
     GROUP_ROWS, each against the per-group float64 product; rows a masked call must not write are
-    checked to hold the NaN they were poisoned with."""
+    checked to hold the NaN they were poisoned with. A row-wise kernel runs on fresh scales, per row of
+    a and per group and column of b; a swiglu kernel with N rounded up to whole gate/up block pairs,
+    against the scaled float64 product paired by torch."""
     from tilekiln import _torch
 
-    masked = kernel.config.family == "grouped_masked"
-    factor = SCALES[0] * SCALES[1] if scales else 1.0
-    sa, sb = scales or (None, None)
+    cfg = kernel.config
+    masked = cfg.family == "grouped_masked"
+    rowwise, activation = cfg.scaling is Scaling.ROWWISE, cfg.activation.value
+    pair = 2 * GLU_BLOCK if cfg.activation.gated else 1
     for (n, k), rows in zip(GROUP_NK, GROUP_ROWS):
+        n = -(-n // pair) * pair
+        out_n = n // 2 if cfg.activation.gated else n
         groups = len(rows)
         w = torch.randn(groups, n, k, device="cuda", generator=gen).to(dtype)  # nn.Linear weights per group
         what = f"{kernel.id} {groups} groups of {'/'.join(map(str, rows))} rows, N {n}, K {k}"
+        slots = max(rows)
+        sa, sb = scales or (None, None)
+        # The float64 scale of each (row, column) of a group: per tensor, or its row's and column's.
+        row_scales = [torch.full((r, 1), SCALES[0] * SCALES[1] if scales else 1.0, device="cuda", dtype=torch.float64)
+                      for r in rows]
+        col_scales = [1.0] * groups
+        if rowwise:
+            sa = torch.rand(groups, slots, device="cuda", generator=gen) + 0.5 if masked else \
+                torch.rand(sum(rows), device="cuda", generator=gen) + 0.5
+            sb = torch.rand(groups, n, device="cuda", generator=gen) + 0.5
+            firsts = [0, *torch.tensor(rows).cumsum(0).tolist()[:-1]]
+            row_scales = [(sa[g, :r] if masked else sa[f:f + r]).double()[:, None]
+                          for g, (f, r) in enumerate(zip(firsts, rows))]
+            col_scales = [sb[g].double() for g in range(groups)]
+
+        def product(g, x):
+            return _torch.EPILOGUE_ACTIVATIONS[activation](x.double() @ w[g].double().t() * row_scales[g]
+                                                           * col_scales[g])
+
         if masked:
-            slots = max(rows)
             a = torch.randn(groups, slots, k, device="cuda", generator=gen).to(dtype)
             counts = torch.tensor(rows, dtype=torch.int32, device="cuda")
-            out = _poisoned(torch, (groups, slots, n), out_dtype)
-            _torch.run_grouped_gemm(bundle, a, w.transpose(1, 2), counts, sa, sb, out, None, kernel.id, masked=True)
+            out = _poisoned(torch, (groups, slots, out_n), out_dtype)
+            _torch.run_grouped_gemm(bundle, a, w.transpose(1, 2), counts, sa, sb, out, None, kernel.id, masked=True,
+                                    activation=activation)
             got = torch.cat([out[g, :r] for g, r in enumerate(rows)])
-            ref = torch.cat([a[g, :r].double() @ w[g].double().t() for g, r in enumerate(rows)]) * factor
+            ref = torch.cat([product(g, a[g, :r]) for g, r in enumerate(rows)])
             if not all(torch.isnan(out[g, r:]).all() for g, r in enumerate(rows)):
                 got = torch.full_like(got, float("nan"))  # a row past masked_m was written
             yield what, got, ref
         else:
             a = torch.randn(sum(rows), k, device="cuda", generator=gen).to(dtype)
             ends = torch.tensor(rows, device="cuda").cumsum(0).to(torch.int32)
-            out = _poisoned(torch, (sum(rows), n), out_dtype)
-            _torch.run_grouped_gemm(bundle, a, w.transpose(1, 2), ends, sa, sb, out, None, kernel.id)
+            out = _poisoned(torch, (sum(rows), out_n), out_dtype)
+            _torch.run_grouped_gemm(bundle, a, w.transpose(1, 2), ends, sa, sb, out, None, kernel.id,
+                                    activation=activation)
             starts = [0, *ends.tolist()[:-1]]
-            ref = torch.cat([a[s:s + r].double() @ w[g].double().t() for g, (s, r) in enumerate(zip(starts, rows))])
-            yield what, out, ref * factor
+            yield what, out, torch.cat([product(g, a[s:s + r]) for g, (s, r) in enumerate(zip(starts, rows))])
 
 
 def verify_kernel(torch, bundle, kernel: KernelRecord, seed: int) -> KernelResult:
