@@ -52,9 +52,12 @@ def overlay_files(variant: Path) -> list[Path]:
 
 def make_project(base: Path, catalog_files: list[Path], extra: list[Path] = ()) -> Path:
     """A scratch project: catalog/ and templates/ of the repository, the given
-    files as the only catalog/gemm/*.yaml, then each ``extra`` tree copied on top."""
+    files as the only catalog/gemm/*.yaml, then each ``extra`` tree copied on top.
+    The repository's verification records (catalog/verification/) are left out: they
+    name the repository's own cubins, which would mark a scratch build's identical
+    kernels hardware-verified; the tests that want a record write one."""
     for name in ("catalog", "templates"):
-        shutil.copytree(ROOT / name, base / name)
+        shutil.copytree(ROOT / name, base / name, ignore=shutil.ignore_patterns("verification"))
     for old in (base / "catalog" / "gemm").glob("*.yaml"):
         old.unlink()
     for path in catalog_files:
