@@ -38,7 +38,7 @@ def manifest(kernels: tuple[KernelRecord, ...] = (), tuning: dict[str, str] | No
     """An sm_90a bundle's manifest holding ``kernels``."""
     return Manifest(
         schema_version="2.1",
-        bundle=BundleInfo("sm90a", "0.1.0", "sm_90a", "a", (9, 0), ABI_VERSION, ">=0.4,<0.5",
+        bundle=BundleInfo("sm90a", "0.1.0", "sm_90a", "a", (9, 0), ABI_VERSION, ">=0.5,<0.6",
                           DriverFloor(13000, "580.65.06"), "2.28"),
         library="lib/lib.so", files=(("lib/lib.so", "0" * 64),), kernels=tuple(kernels), toolchain=(),
         provenance=Provenance("unknown", "x86_64-linux", ()),

@@ -18,7 +18,7 @@ from pathlib import Path
 from tilekiln.errors import (BundleCompatibilityError, BundleError, BundleIntegrityError, LaunchError,
                              NoKernelError, TilekilnError)
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 __all__ = ["load", "bundles", "gemm", "linear", "swiglu", "swiglu_weight", "scaled_gemm", "grouped_gemm",
            "grouped_gemm_masked", "explain", "Bundle", "TilekilnError", "BundleError", "BundleIntegrityError",
            "BundleCompatibilityError", "NoKernelError", "LaunchError", "quantize_fp8_blockwise"]

@@ -46,7 +46,7 @@ from tilekiln._tensors import describe, torch_dtype_token
 from tilekiln.blockscaled import (RUNTIME_BLOCK_FORMATS, block_request, check_block_elements, check_block_operands,
                                   check_block_scale_tensors, check_scale_pointers, format_of, requested_format)
 from tilekiln.blockwise import BLOCK, check_scale_tensor, check_scales, scale_format_token
-from tilekiln.bundle import Bundle, raise_misaligned
+from tilekiln.bundle import NEUTRAL_VALUES, Bundle, raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
 from tilekiln.problem import requested_epilogue, result_shape, result_strides
 from tilekiln.spec import DTYPES, GLU_BLOCK, SCALED_OUTPUTS
@@ -575,16 +575,17 @@ def _gemm_node(ref: str, a: Tensor, b: Tensor, out: Tensor | None, kernel: str):
 
 
 def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, kernel=None, requested=(),
-             bias: Tensor | None = None, residual: Tensor | None = None):
+             bias: Tensor | None = None, residual: Tensor | None = None, values: tuple[float, ...] = NEUTRAL_VALUES):
     """``bundle.gemm`` for torch tensors, written out in one function. ``requested``: the epilogue
     the call asks for (GemmProblem.requested); what no kernel computes, torch applies after it.
     ``bias``: the (N,) vector a requested ``bias`` adds, checked by the caller (:func:`bias_token`).
     ``residual``: the (M, N) tensor a requested ``residual`` adds, checked by the caller
     (:func:`fusable_residual`: the result's type, and the strides of ``out``, or of the result this
-    call allocates, which the kernel reads it at).
+    call allocates, which the kernel reads it at). ``values``: the gemm family's by-value float32
+    arguments (tilekiln/spec.py, ValueArg), which only a kernel that uses them reads.
 
     A cached call costs the signature key, one dictionary look-up, three or four
-    pointer reads, the current stream, one 7-field pack into the thread's call
+    pointer reads, the current stream, one pack into the thread's call
     block and one ctypes call.
     """
     if out is None:
@@ -603,7 +604,7 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
         if out is None and plan.problem.out_n != plan.problem.n:
             # A gated result torch computes is allocated as a fused one would be (and as the fakes say).
             out = _allocate(plan.problem.out_shape, plan.problem.k, a.dtype, a.device)
-        return _apply_unfused(plan, run_gemm(bundle, a, b, None, stream, kernel, fused, bias, residual), out, stream,
+        return _apply_unfused(plan, run_gemm(bundle, a, b, None, stream, kernel, fused, bias, residual, values), out, stream,
                               bias, residual)
     if out is None:
         out = _allocate(plan.problem.out_shape, plan.problem.k, a.dtype, a.device)
@@ -624,7 +625,7 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
     lib = bundle._lib
     buf = lib.call_buffer("gemm")
     _pack_call(buf, 0, pa, pb, pc, 0, 0, 0 if bias is None else bias.data_ptr(),
-               0 if residual is None else residual.data_ptr(), 0, handle)
+               0 if residual is None else residual.data_ptr(), 0, *values, handle)
     status = lib.run["gemm"](block, buf)
     if status:
         raise LaunchError(plan.kernel_id, lib.error_name(status), lib.error_string(status))

@@ -807,10 +807,23 @@ class ScalarArg:
 
 
 @dataclass(frozen=True)
+class ValueArg:
+    """One float32 passed by value (a coefficient such as torch.addmm's alpha, a Python number in the
+    call): it goes in the call block after the pointers, and the launcher takes it as a
+    ``cutlass.Float32``. Only kernels that use it pass it on to their device kernel, so the others'
+    cubins are as they were without it. ``neutral``: the value the runtime passes for a call that
+    does not ask for one (the value that leaves the result as it is)."""
+
+    name: str
+    neutral: float = 1.0
+
+
+@dataclass(frozen=True)
 class Family:
     """A kernel family's launch: ``tensors``, then ``indices``, then ``scales``, then ``vectors``, then
-    ``likes``, then ``scalars``, then the resident cluster count (an int32 the runtime computes per device) and the
-    stream, in that order. A kernel's ``scaling`` decides how its scales are passed (:class:`ScaleArg`)."""
+    ``likes``, then ``scalars``, then ``values``, then the resident cluster count (an int32 the runtime
+    computes per device) and the stream, in that order. A kernel's ``scaling`` decides how its scales
+    are passed (:class:`ScaleArg`)."""
 
     name: str
     extents: tuple[str, ...]  # the problem extents, int32 each in the plan block
@@ -820,13 +833,19 @@ class Family:
     vectors: tuple[VectorArg, ...] = ()
     likes: tuple[LikeArg, ...] = ()
     scalars: tuple[ScalarArg, ...] = ()
+    values: tuple[ValueArg, ...] = ()
 
     @property
     def arguments(self) -> tuple[str, ...]:
         """The names of the exported launcher's arguments, in order."""
         return (*(t.name for t in self.tensors), *(i.name for i in self.indices), *(s.name for s in self.scales),
                 *(v.name for v in self.vectors), *(x.name for x in self.likes), *(x.name for x in self.scalars),
-                "resident_clusters", "stream")
+                *(x.name for x in self.values), "resident_clusters", "stream")
+
+    @property
+    def neutral_values(self) -> tuple[float, ...]:
+        """Each value's :attr:`ValueArg.neutral`, in order: what a call that asks for none passes."""
+        return tuple(x.neutral for x in self.values)
 
     @property
     def plan_format(self) -> str:
@@ -839,9 +858,11 @@ class Family:
     @property
     def call_format(self) -> str:
         """struct format of the call block (tk_call_<family>_t): tensor, index, scale, vector, like and
-        scalar pointers, then the stream."""
-        return "<" + "Q" * (len(self.tensors) + len(self.indices) + len(self.scales) + len(self.vectors)
-                            + len(self.likes) + len(self.scalars) + 1)
+        scalar pointers, then the float32 values, padded to 8 bytes, then the stream."""
+        pointers = (len(self.tensors) + len(self.indices) + len(self.scales) + len(self.vectors)
+                    + len(self.likes) + len(self.scalars))
+        values = len(self.values)
+        return "<" + "Q" * pointers + "f" * values + "x" * (4 * (values % 2)) + "Q"
 
 
 MAX_EXTENT = 2**31 - 1  # the plan block's extents are int32 (Family.plan_format)
@@ -876,6 +897,8 @@ FAMILIES: dict[str, Family] = {
         likes=(LikeArg("residual", "c"),),
         # An 8-bit float C's per-tensor scale: C = saturate(value * scale_result) (torch._scaled_mm).
         scalars=(ScalarArg("scale_result"),),
+        # torch.addmm's coefficients, Python numbers in the call: out = alpha * (A @ B) + beta * C.
+        values=(ValueArg("alpha"), ValueArg("beta")),
     ),
     # G GEMMs sharing N and K (a mixture-of-experts layer): A's rows are sorted by group and
     # offs[g] is the end of group g's rows (torch._grouped_mm's contiguous layout); B holds one
