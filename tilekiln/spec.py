@@ -172,6 +172,17 @@ class Residual(str, enum.Enum):
     ADD = "add"
 
 
+class Scalars(str, enum.Enum):
+    """The epilogue's by-value coefficients (the gemm family's ValueArgs alpha and beta, Python numbers
+    in the call). alphabeta: ``out = act(alpha * acc * scales + bias) + beta * residual``: alpha scales
+    the product before the bias and the activation, beta the residual after them, so with neither bias
+    nor activation it is torch.addmm's ``beta * input + alpha * (mat1 @ mat2)``; a kernel without a
+    residual never reads beta. none: the kernel never reads either."""
+
+    NONE = "none"
+    ALPHA_BETA = "alphabeta"
+
+
 class Operand(str, enum.Enum):
     """A GEMM input in the problem's terms: A (M x K) or B (K x N)."""
 
@@ -591,6 +602,12 @@ class KernelConfig:
     residual: Residual = _field(EnumCodec(Residual, "res"), "whether the epilogue adds a residual of C's shape "
                                 "and type after the activation", Residual.NONE, selection=True,
                                 support=("residuals", "values"), requested=True)
+    # alpha scales the product, beta the residual: act(alpha * acc * scale + bias) + beta * residual.
+    # Only a kernel with them runs a call that passes them: torch cannot apply alpha after a bias or
+    # an activation.
+    scalars: Scalars = _field(EnumCodec(Scalars), "whether the epilogue multiplies the product by alpha and the "
+                              "residual by beta, numbers passed by value", Scalars.NONE, selection=True,
+                              support=("scalars", "values"), requested=True, applied_after=False)
     raster: Raster = _field(EnumCodec(Raster, "r"), "order of the persistent tile walk", Raster.M)
     swizzle: int = _field(CountCodec("sw"), "tiles per band in the raster walk (L2 reuse)", 1)
     # Data read once (the weights of a skinny GEMM) gives way first, so the operand every CTA
