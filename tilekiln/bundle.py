@@ -419,6 +419,13 @@ class Bundle:
                             f"{type(x).__name__} and {type(weight).__name__}")
         return torch_path().linear(self, x, weight, bias, activation, residual, out)
 
+    def addmm(self, input, mat1, mat2, *, beta=1, alpha=1, out=None):
+        """``tilekiln.addmm`` on this bundle's kernels."""
+        if not (is_torch_tensor(mat1) and is_torch_tensor(mat2)):
+            raise TypeError("addmm takes torch tensors (mat1 and mat2); the operands given are "
+                            f"{type(mat1).__name__} and {type(mat2).__name__}")
+        return torch_path().addmm(self, input, mat1, mat2, beta, alpha, out)
+
     def swiglu(self, x, w_gate_up, *, out=None):
         """``tilekiln.swiglu`` on this bundle's kernels."""
         if not (is_torch_tensor(x) and is_torch_tensor(w_gate_up)):
