@@ -11,20 +11,22 @@ from tilekiln._tensors import Operand
 from tilekiln.manifest import (ABI_VERSION, MANIFEST_NAME, BundleInfo, DriverFloor, Manifest, Provenance, TuningTable,
                                manifest_digest)
 from tilekiln.spec import (MAX_EXTENT, Activation, Bias, Blob, CatalogRef, Cluster, Contract, DType, DTypes, KernelRecord,
-                           Layout, Residual, Resources, Scaling, Symbols, TemplateRef, Tile, Verified)
+                           Layout, Residual, Resources, Scalars, Scaling, Symbols, TemplateRef, Tile, Verified)
 
 
 def kernel_record(index: int, kernel_id: str, tile: tuple[int, int, int], cluster=(1, 1), a: str = "k",
                   b: str = "k", dtypes: tuple[str, str, str, str] = ("bf16", "bf16", "f32", "bf16"), div: int = 8,
                   swap_ab: bool = False, verified_on: tuple[str, ...] = (), activation: str = "none",
-                  bias: str = "none", scaling: str = "tensor", residual: str = "none") -> KernelRecord:
+                  bias: str = "none", scaling: str = "tensor", residual: str = "none",
+                  scalars: str = "none") -> KernelRecord:
     """An sm90 kernel record; ``a``/``b`` are the operands' majorness as the runtime spells it."""
     from tilekiln.spec import KernelConfig
 
     config = KernelConfig(pipeline="sm90", dtypes=DTypes(*(DType(t) for t in dtypes)),
                           layout=Layout(a_k_major=a == "k", b_k_major=b == "k"), tile=Tile(*tile),
                           cluster=Cluster(*cluster), swap_ab=swap_ab, bias=Bias(bias),
-                          activation=Activation(activation), scaling=Scaling(scaling), residual=Residual(residual))
+                          activation=Activation(activation), scaling=Scaling(scaling), residual=Residual(residual),
+                          scalars=Scalars(scalars))
     return KernelRecord(
         index=index, id=kernel_id, config=config, stages=4, threads=384,
         contract=Contract(16, (div, div, div), MAX_EXTENT),
@@ -38,7 +40,7 @@ def manifest(kernels: tuple[KernelRecord, ...] = (), tuning: dict[str, str] | No
     """An sm_90a bundle's manifest holding ``kernels``."""
     return Manifest(
         schema_version="2.1",
-        bundle=BundleInfo("sm90a", "0.1.0", "sm_90a", "a", (9, 0), ABI_VERSION, ">=0.4,<0.5",
+        bundle=BundleInfo("sm90a", "0.1.0", "sm_90a", "a", (9, 0), ABI_VERSION, ">=0.5,<0.6",
                           DriverFloor(13000, "580.65.06"), "2.28"),
         library="lib/lib.so", files=(("lib/lib.so", "0" * 64),), kernels=tuple(kernels), toolchain=(),
         provenance=Provenance("unknown", "x86_64-linux", ()),

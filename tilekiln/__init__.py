@@ -18,9 +18,10 @@ from pathlib import Path
 from tilekiln.errors import (BundleCompatibilityError, BundleError, BundleIntegrityError, LaunchError,
                              NoKernelError, TilekilnError)
 
-__version__ = "0.4.0"
-__all__ = ["load", "bundles", "gemm", "linear", "swiglu", "swiglu_weight", "scaled_gemm", "grouped_gemm",
-           "grouped_gemm_masked", "grouped_swiglu", "grouped_swiglu_masked", "explain", "Bundle", "TilekilnError", "BundleError", "BundleIntegrityError",
+__version__ = "0.5.0"
+__all__ = ["load", "bundles", "gemm", "addmm", "linear", "swiglu", "swiglu_weight", "scaled_gemm", "grouped_gemm",
+           "grouped_gemm_masked", "grouped_swiglu", "grouped_swiglu_masked", "explain", "Bundle", "TilekilnError",
+           "BundleError", "BundleIntegrityError",
            "BundleCompatibilityError", "NoKernelError", "LaunchError", "quantize_fp8_blockwise"]
 
 
@@ -124,6 +125,26 @@ def gemm(a, b, *, out=None, bundle=None, stream=None):
     if fast is not None:
         return fast.gemm(bundle, a, b, out, stream)
     return _bundle_for(a, bundle).gemm(a, b, out, stream=stream)
+
+
+def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None, bundle=None):
+    """``beta * input + alpha * (mat1 @ mat2)``, torch.addmm's semantics, with ``mat1`` (M, K) and ``mat2``
+    (K, N) of one dtype and ``input`` of that dtype broadcastable to (M, N); ``beta`` and ``alpha``
+    real numbers. beta 0 ignores ``input``, NaN and inf included, as torch does.
+
+    Fused where a kernel of the bundle computes it (kernel field ``scalars: alphabeta``): ``input`` is
+    the epilogue's residual where it is a full (M, N) tensor at the strides of ``out`` (or, without
+    ``out``, of the contiguous result), so ``addmm(c, a, b, beta=b_, alpha=a_, out=c)`` updates ``c`` in
+    place; otherwise the kernel computes ``alpha * (mat1 @ mat2)`` and torch adds ``beta * input`` in
+    fp32, and where the bundle has no alpha and beta kernel torch applies both to the plain product
+    (``explain(mat1, mat2, residual=input, alpha=, beta=)`` says which). Differentiable; one node under
+    torch.compile; torch tensors (docs/runtime.md).
+    """
+    fast = _torch_operands(mat1, mat2)
+    if fast is None:
+        raise TypeError("addmm takes torch tensors (mat1 and mat2); the operands given are "
+                        f"{type(mat1).__name__} and {type(mat2).__name__}")
+    return fast.addmm(bundle, input, mat1, mat2, beta, alpha, out)
 
 
 def linear(x, weight, bias=None, *, activation=None, residual=None, out=None, bundle=None):
@@ -276,7 +297,7 @@ def grouped_swiglu_masked(a, w_gate_up, masked_m, *, scale_a=None, scale_b=None,
 
 
 def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias=None, residual=None,
-            scale_format=None, offs=None, masked_m=None, out_dtype=None):
+            scale_format=None, offs=None, masked_m=None, out_dtype=None, alpha=None, beta=None):
     """The kernel ``gemm`` would run for these operands, why, and why not the others; with
     ``backward`` (by default when an input requires grad), what the gradient's GEMMs run on; with
     ``activation`` (``"swiglu"`` for ``swiglu(x, w)``: pass ``x`` and ``w.t()``), ``bias`` (the bias
@@ -288,7 +309,10 @@ def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias
     ``torch.float8_e4m3fn``, which implies per-tensor scales where ``scale_format`` is None); with
     ``offs`` (or ``masked_m``), the kernel ``grouped_gemm(a, b, offs)`` (``grouped_gemm_masked``)
     would run; with ``activation="swiglu"`` too, ``grouped_swiglu(a, w, offs)`` (pass ``a`` and
-    ``w.transpose(1, 2)``), and with ``scale_format="rowwise"`` the row-wise scaled kernels."""
+    ``w.transpose(1, 2)``), and with ``scale_format="rowwise"`` the row-wise scaled kernels; with ``alpha`` or
+    ``beta`` (numbers), the kernel ``addmm(input, a, b, beta=, alpha=)`` would run, ``residual`` saying
+    whether input fuses (True, or the input tensor itself, whose strides must then be the result's), and
+    where none computes alpha and beta, which kernel runs the product torch then scales."""
     from tilekiln._tensors import is_torch_tensor, torch_dtype_token
     from tilekiln.problem import requested_epilogue
 
@@ -314,13 +338,41 @@ def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias
         scale_format = scaling
         # A block-scaled format asks for its block scale (tilekiln/blockscaled.py), the others for a scaling.
         asked = dict(block_request(scaling)) if scaling in RUNTIME_BLOCK_FORMATS else {"scaling": scaling}
+    fused_residual = residual is not None and residual is not False
+    if alpha is not None or beta is not None:
+        return _explain_addmm(_bundle_for(a, bundle), a, b, out, residual, backward,
+                              1.0 if beta is None else float(beta), 1.0 if alpha is None else float(alpha))
     requested = requested_epilogue(**asked, bias=bias_type, activation=act,
-                                   residual="none" if residual is None or residual is False else "add")
+                                   residual="add" if fused_residual else "none")
     # A scaled (fp8) call's result is bf16 by default, as scaled_gemm's.
     if out is not None and is_torch_tensor(out):
         out_dtype = out.dtype
     out_dtype = None if scale_format is None else "bf16" if out_dtype is None else torch_dtype_token(out_dtype)
     return _bundle_for(a, bundle).explain(a, b, out, out_dtype, backward=backward, requested=requested)
+
+
+def _explain_addmm(bundle, a, b, out, residual, backward, beta: float, alpha: float):
+    """explain for ``addmm``: the kernel for its request (tilekiln/problem.py, addmm_request) and, where
+    no kernel computes alpha and beta, the plain product's, with a note that torch applies them."""
+    from dataclasses import replace
+
+    from tilekiln._tensors import is_torch_tensor
+    from tilekiln.problem import addmm_request
+
+    fused = residual is True
+    if is_torch_tensor(residual) and is_torch_tensor(a) and is_torch_tensor(b):
+        from tilekiln.bundle import torch_path
+
+        fast = torch_path()
+        target = out if out is not None else fast._allocate((a.shape[0], b.shape[1]), a.shape[1], a.dtype, a.device)
+        fused = fast.addmm_plan(residual, a, b, beta, alpha, target)[1] is not None
+    requested = addmm_request(beta, alpha, fused)
+    choice = bundle.explain(a, b, out, backward=backward, requested=requested)
+    if choice.kernel is not None or ("scalars", "alphabeta") not in requested:
+        return choice
+    plain = bundle.explain(a, b, out, backward=backward)
+    return replace(plain, notes=plain.notes + (f"unfused: no kernel computes alpha and beta; addmm runs "
+                                               f"{plain.label} and torch applies them after it",))
 
 
 def __getattr__(name: str):

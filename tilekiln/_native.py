@@ -1,4 +1,4 @@
-"""ctypes binding of a bundle's shared library (its ``tk_*`` C API, ABI 9).
+"""ctypes binding of a bundle's shared library (its ``tk_*`` C API, ABI 10).
 
 The library is the bundle's kernels linked with the static CUDA runtime; it
 needs only libc and the NVIDIA driver. A launch of a kernel of family F passes
@@ -6,7 +6,8 @@ two blocks by address to ``tk_run_F``, both laid out from F's arguments in
 tilekiln/spec.py: the plan (``Family.plan_format``: tensor strides, blockwise
 scale strides, extents, resident clusters, device, kernel index), packed once
 per problem signature, and a per-thread call block (``Family.call_format``:
-tensor, scale, vector, like and scalar pointers, then the stream), packed on every call.
+tensor, scale, vector, like and scalar pointers, the float32 values passed by value, then the
+stream), packed on every call.
 ``tk_run_F`` is bound
 without ``argtypes`` and called with the two ctypes buffers, which ctypes
 passes as pointers without per-argument conversion. On the H200 host the call

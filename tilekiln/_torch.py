@@ -1,11 +1,15 @@
-"""The torch path: the eager hot path of ``gemm`` and ``scaled_gemm``, and their torch operators.
+"""The torch path: the eager hot path of ``gemm``, ``addmm`` and ``scaled_gemm``, and their torch operators.
 
-Imported only when torch tensors are passed; importing it registers eight operators:
+Imported only when torch tensors are passed; importing it registers nine operators:
 
     tilekiln::gemm(a, b, bundle, kernel, fallback, activation, bias=None) -> Tensor
                                                                   autograd: dA = dC·Bᵀ, dB = Aᵀ·dC
                                                                   (swiglu: dC from the recomputed GEMM)
     tilekiln::gemm_out(a, b, out!, bundle, kernel)
+    tilekiln::addmm(input, mat1, mat2, beta, alpha, bundle) -> Tensor
+                                                                  autograd: d input = beta * grad summed to
+                                                                  input's shape, d mat1 = alpha * grad·mat2ᵀ,
+                                                                  d mat2 = alpha * mat1ᵀ·grad
     tilekiln::scaled_gemm(a, b, scale_a, scale_b, out_dtype, bundle, kernel, scale_format, bias=None) -> Tensor
     tilekiln::scaled_gemm_out(a, b, scale_a, scale_b, out!, bundle, kernel, scale_format, bias=None)
     tilekiln::grouped_gemm(a, b, offs, scale_a, scale_b, bundle, kernel, activation="none") -> Tensor
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 
 import torch
 
@@ -46,10 +51,10 @@ from tilekiln._tensors import describe, torch_dtype_token
 from tilekiln.blockscaled import (RUNTIME_BLOCK_FORMATS, block_request, check_block_elements, check_block_operands,
                                   check_block_scale_tensors, check_scale_pointers, format_of, requested_format)
 from tilekiln.blockwise import BLOCK, check_scale_tensor, check_scales, scale_format_token
-from tilekiln.bundle import Bundle, raise_misaligned
+from tilekiln.bundle import NEUTRAL_VALUES, Bundle, raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
-from tilekiln.problem import requested_epilogue, result_shape, result_strides
-from tilekiln.spec import DTYPES, GLU_BLOCK, MAX_EXTENT, SCALED_OUTPUTS
+from tilekiln.problem import addmm_request, requested_epilogue, result_shape, result_strides
+from tilekiln.spec import DTYPES, FAMILIES, GLU_BLOCK, MAX_EXTENT, SCALED_OUTPUTS
 
 Tensor = torch.Tensor
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -188,10 +193,11 @@ ACTIVATIONS = {
 }
 
 
-def add_residual(y: Tensor, residual: Tensor) -> Tensor:
-    """``y + residual`` computed in float32 and rounded once to ``y``'s type, as the fused epilogue
-    adds the residual to its fp32 value."""
-    return (y.float() + residual).to(y.dtype)
+def add_residual(y: Tensor, residual: Tensor, beta: float = 1.0) -> Tensor:
+    """``y + beta * residual`` computed in float32 (or ``y``'s wider type) and rounded once to ``y``'s
+    type, as the fused epilogue adds the residual to its fp32 value."""
+    wide = y.to(torch.promote_types(y.dtype, torch.float32))
+    return (wide + residual if beta == 1 else torch.add(wide, residual.to(wide.dtype), alpha=beta)).to(y.dtype)
 
 
 def add_bias(y: Tensor, bias: Tensor) -> Tensor:
@@ -260,11 +266,17 @@ def swiglu_weight(w_gate: Tensor, w_up: Tensor | None = None) -> Tensor:
 # What torch computes for a requested activation no kernel fuses: ACTIVATIONS and the gated one.
 EPILOGUE_ACTIVATIONS = {**ACTIVATIONS, "swiglu": swiglu_unfused}
 
+# The gemm family's by-value arguments by name (tilekiln/spec.py, ValueArg), in a call's ``values``.
+VALUE_INDEX = {x.name: i for i, x in enumerate(FAMILIES["gemm"].values)}
+
 # Per requested spec field, how torch applies it to a GEMM's result (Plan.unfused), given the
-# call's bias and residual tensors: in the spec's field order, the order the epilogue applies them.
-UNFUSED = {"bias": lambda value, y, bias, residual: add_bias(y, bias),
-           "activation": lambda value, y, bias, residual: EPILOGUE_ACTIVATIONS[value](y),
-           "residual": lambda value, y, bias, residual: add_residual(y, residual)}
+# call's bias and residual tensors and its by-value arguments: in the spec's field order, the
+# order the epilogue applies them. The residual is scaled by beta, which a kernel that computes
+# alpha (and leaves the residual) passes on.
+UNFUSED = {"bias": lambda value, y, bias, residual, values: add_bias(y, bias),
+           "activation": lambda value, y, bias, residual, values: EPILOGUE_ACTIVATIONS[value](y),
+           "residual": lambda value, y, bias, residual, values: add_residual(y, residual,
+                                                                              values[VALUE_INDEX["beta"]])}
 
 
 def activation_token(activation) -> str:
@@ -523,6 +535,124 @@ def _linear_result(y: Tensor, x: Tensor, weight: Tensor, out: Tensor | None) -> 
     return out if out is not None else y.reshape(*x.shape[:-1], weight.shape[0])
 
 
+# -- addmm ------------------------------------------------------------------------------------------
+
+# What addmm asks for when alpha or beta change the result (tilekiln/problem.py, addmm_request).
+_ALPHA_BETA = ("scalars", "alphabeta")
+
+
+def _coefficient(name: str, value) -> float:
+    """``beta`` or ``alpha`` as torch.addmm takes it: a real Python number (bool, int or float)."""
+    if isinstance(value, Tensor) or not isinstance(value, numbers.Real):
+        hint = f"; pass {name}.item()" if isinstance(value, Tensor) and value.numel() == 1 else ""
+        raise TypeError(f"{name}: expected a real number (int or float), as torch.addmm takes it; got "
+                        f"{type(value).__name__}{hint}")
+    return float(value)
+
+
+def check_addmm(input, mat1, mat2, beta, alpha, out) -> tuple[float, float]:
+    """The checks of every addmm call, as torch.addmm makes them: 2-D ``mat1`` (M, K) and ``mat2`` (K, N)
+    of one dtype on one device; ``input`` of that dtype and device, broadcastable to (M, N); ``out``
+    None or (M, N) of that dtype and device; ``beta`` and ``alpha`` real numbers, returned as floats.
+    TypeError or ValueError naming the argument."""
+    for name, t in (("input", input), ("mat1", mat1), ("mat2", mat2)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name}: expected a torch tensor, got {type(t).__name__}")
+    for name, t in (("mat1", mat1), ("mat2", mat2)):
+        if t.dim() != 2:
+            raise ValueError(f"{name}: expected a 2-D matrix, got shape {list(t.shape)} ({t.dim()}-D); torch.addmm "
+                             "multiplies matrices (tilekiln.gemm takes batches)")
+    if mat1.shape[1] != mat2.shape[0]:
+        raise ValueError(f"mat1 and mat2 shapes cannot be multiplied ({mat1.shape[0]}x{mat1.shape[1]} and "
+                         f"{mat2.shape[0]}x{mat2.shape[1]})")
+    if mat2.dtype != mat1.dtype:
+        raise TypeError(f"mat2: dtype {mat2.dtype} is not mat1's ({mat1.dtype}); convert one of them")
+    if mat2.device != mat1.device:
+        raise ValueError(f"mat2: on {mat2.device} while mat1 is on {mat1.device}; move it with mat2.to(mat1.device)")
+    shape = (mat1.shape[0], mat2.shape[1])
+    if input.dtype != mat1.dtype:
+        raise TypeError(f"input: dtype {input.dtype} is not mat1's ({mat1.dtype}); torch.addmm takes one dtype, "
+                        f"convert it with input.to({mat1.dtype})")
+    if input.device != mat1.device:
+        raise ValueError(f"input: on {input.device} while mat1 is on {mat1.device}; move it with "
+                         "input.to(mat1.device)")
+    # Broadcast to (M, N) by torch's rule, in plain Python (a traced call keeps no shape node).
+    if input.dim() > 2 or any(s not in (1, t) for s, t in zip(reversed(input.shape), reversed(shape))):
+        raise ValueError(f"input: shape {list(input.shape)} does not broadcast to the product's (M, N) = "
+                         f"{list(shape)}")
+    if out is not None:
+        if not isinstance(out, Tensor):
+            raise TypeError(f"out: expected a torch tensor or None, got {type(out).__name__}")
+        if tuple(out.shape) != shape or out.dtype != mat1.dtype or out.device != mat1.device:
+            raise ValueError(f"out: expected shape {list(shape)}, dtype {mat1.dtype} on {mat1.device}, got "
+                             f"{list(out.shape)}, {out.dtype} on {out.device}")
+    return _coefficient("beta", beta), _coefficient("alpha", alpha)
+
+
+def addmm(bundle, input: Tensor, mat1: Tensor, mat2: Tensor, beta, alpha, out: Tensor | None):
+    """``beta * input + alpha * (mat1 @ mat2)`` with torch.addmm's semantics (:func:`run_addmm`).
+    Differentiable; one node (``tilekiln::addmm``) under torch.compile."""
+    beta, alpha = check_addmm(input, mat1, mat2, beta, alpha, out)
+    if _is_compiling():
+        y = addmm_op(input, mat1, mat2, beta, alpha, bundle_ref(bundle))
+        return y if out is None else out.copy_(y)
+    if _grad_enabled() and any(t.requires_grad for t in (input, mat1, mat2)):
+        _refuse_out_with_grad("addmm", out, input, mat1, mat2)
+        return addmm_op(input, mat1, mat2, beta, alpha, bundle_ref(bundle))
+    if not isinstance(bundle, Bundle):
+        bundle = resolve(bundle_ref(bundle), mat1.get_device())
+    return run_addmm(bundle, input, mat1, mat2, beta, alpha, out)
+
+
+def addmm_plan(input: Tensor, mat1: Tensor, mat2: Tensor, beta: float, alpha: float, target: Tensor
+               ) -> tuple[tuple[tuple[str, object], ...], Tensor | None]:
+    """What an addmm call writing ``target`` asks a kernel for (:func:`addmm_request`) and the
+    residual it hands it: ``input`` itself where beta is not 0 and input is an (M, N) tensor at
+    ``target``'s strides (:func:`fusable_residual`), else None (torch adds ``beta * input`` after
+    the kernel; where beta is 0, nothing reads input)."""
+    fused = fusable_residual(mat1, mat2.t(), input, target) if beta != 0 else None
+    return addmm_request(beta, alpha, fused is not None), None if fused is None else fused[1]
+
+
+def run_addmm(bundle: Bundle, input: Tensor, mat1: Tensor, mat2: Tensor, beta: float, alpha: float,
+              out: Tensor | None) -> Tensor:
+    """The checked call, into ``out`` (which may be ``input``) or a result allocated as the fakes
+    allocate it. The kernel computes as much as it can: ``alpha * (mat1 @ mat2) + beta * input``
+    whole where input fuses (:func:`addmm_plan`) and a kernel has alpha and beta; ``alpha * (mat1 @
+    mat2)`` where input does not fuse, torch then adding ``beta * input`` in fp32; where the bundle
+    has no alpha and beta kernel, the plain product, torch applying both. Every torch epilogue works
+    in fp32 and rounds once. beta 0: input is never read (torch.addmm ignores it, NaN and inf
+    included); an empty product (K 0) is zero."""
+    m, k = mat1.shape
+    shape = (m, mat2.shape[1])
+    target = out if out is not None else _allocate(shape, k, mat1.dtype, mat1.device)
+    if target.numel() == 0:
+        return target
+    wide = torch.promote_types(mat1.dtype, torch.float32)
+    if k == 0:
+        return target.zero_() if beta == 0 else target.copy_(input.to(wide) * beta)
+    requested, residual = addmm_plan(input, mat1, mat2, beta, alpha, target)
+    scale = 1.0
+    try:
+        if residual is not None:
+            return run_gemm(bundle, mat1, mat2, target, None, None, requested, None, residual, (alpha, beta))
+        product = run_gemm(bundle, mat1, mat2, target if beta == 0 else None, None, None, requested,
+                           values=(alpha, beta))
+    except NoKernelError:
+        if _ALPHA_BETA not in requested:
+            raise
+        # No kernel of the bundle computes alpha and beta: the plain product, and torch applies both.
+        product, scale = run_gemm(bundle, mat1, mat2, None, None), alpha
+    if beta == 0 and scale == 1:
+        return product
+    value = product.to(wide)
+    if scale != 1:
+        value = value * scale
+    if beta != 0:
+        value = torch.add(value, input.to(wide), alpha=beta)
+    return target.copy_(value)
+
+
 _SWIGLU = requested_epilogue(activation="swiglu")
 
 
@@ -577,16 +707,17 @@ def _gemm_node(ref: str, a: Tensor, b: Tensor, out: Tensor | None, kernel: str):
 
 
 def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, kernel=None, requested=(),
-             bias: Tensor | None = None, residual: Tensor | None = None):
+             bias: Tensor | None = None, residual: Tensor | None = None, values: tuple[float, ...] = NEUTRAL_VALUES):
     """``bundle.gemm`` for torch tensors, written out in one function. ``requested``: the epilogue
     the call asks for (GemmProblem.requested); what no kernel computes, torch applies after it.
     ``bias``: the (N,) vector a requested ``bias`` adds, checked by the caller (:func:`bias_token`).
     ``residual``: the (M, N) tensor a requested ``residual`` adds, checked by the caller
     (:func:`fusable_residual`: the result's type, and the strides of ``out``, or of the result this
-    call allocates, which the kernel reads it at).
+    call allocates, which the kernel reads it at). ``values``: the gemm family's by-value float32
+    arguments (tilekiln/spec.py, ValueArg), which only a kernel that uses them reads.
 
     A cached call costs the signature key, one dictionary look-up, three or four
-    pointer reads, the current stream, one 7-field pack into the thread's call
+    pointer reads, the current stream, one pack into the thread's call
     block and one ctypes call.
     """
     if out is None:
@@ -605,8 +736,8 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
         if out is None and plan.problem.out_n != plan.problem.n:
             # A gated result torch computes is allocated as a fused one would be (and as the fakes say).
             out = _allocate(plan.problem.out_shape, plan.problem.k, a.dtype, a.device)
-        return _apply_unfused(plan, run_gemm(bundle, a, b, None, stream, kernel, fused, bias, residual), out, stream,
-                              bias, residual)
+        return _apply_unfused(plan, run_gemm(bundle, a, b, None, stream, kernel, fused, bias, residual, values), out,
+                              stream, bias, residual, values)
     if out is None:
         out = _allocate(plan.problem.out_shape, plan.problem.k, a.dtype, a.device)
     block = plan.block
@@ -626,7 +757,7 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
     lib = bundle._lib
     buf = lib.call_buffer("gemm")
     _pack_call(buf, 0, pa, pb, pc, 0, 0, 0 if bias is None else bias.data_ptr(),
-               0 if residual is None else residual.data_ptr(), 0, handle)
+               0 if residual is None else residual.data_ptr(), 0, *values, handle)
     status = lib.run["gemm"](block, buf)
     if status:
         raise LaunchError(plan.kernel_id, lib.error_name(status), lib.error_string(status))
@@ -634,13 +765,13 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
 
 
 def _apply_unfused(plan, result: Tensor, out: Tensor | None, stream, bias: Tensor | None = None,
-                   residual: Tensor | None = None) -> Tensor:
+                   residual: Tensor | None = None, values: tuple[float, ...] = NEUTRAL_VALUES) -> Tensor:
     """``result`` (what a kernel computed of the GEMM and its epilogue) with the rest of the requested
     epilogue, which no kernel computes, applied by torch, into ``out`` if given (which may be the
     residual: it is read before ``out`` is written)."""
     with _on_stream(stream, result.get_device()):
         for name, value in plan.unfused:
-            result = UNFUSED[name](value, result, bias, residual)
+            result = UNFUSED[name](value, result, bias, residual, values)
         if out is None:
             return result
         out.copy_(result)
@@ -849,6 +980,43 @@ def gemm_out_op(a: Tensor, b: Tensor, out: Tensor, bundle: str, kernel: str) -> 
 @gemm_out_op.register_fake
 def _gemm_out_fake(a: Tensor, b: Tensor, out: Tensor, bundle: str, kernel: str) -> None:
     return None
+
+
+@torch.library.custom_op("tilekiln::addmm", mutates_args=())
+def addmm_op(input: Tensor, mat1: Tensor, mat2: Tensor, beta: float, alpha: float, bundle: str) -> Tensor:
+    """``beta * input + alpha * (mat1 @ mat2)`` on ``bundle``'s kernels (:func:`run_addmm`)."""
+    return run_addmm(resolve(bundle, mat1.get_device()), input, mat1, mat2, beta, alpha, None)
+
+
+@addmm_op.register_fake
+def _addmm_fake(input: Tensor, mat1: Tensor, mat2: Tensor, beta: float, alpha: float, bundle: str) -> Tensor:
+    check_addmm(input, mat1, mat2, beta, alpha, None)
+    return _allocate((mat1.shape[0], mat2.shape[1]), mat1.shape[1], mat1.dtype, mat1.device)
+
+
+def _addmm_setup(ctx, inputs, output) -> None:
+    input, mat1, mat2, beta, alpha, bundle = inputs
+    ctx.save_for_backward(mat1 if ctx.needs_input_grad[2] else None, mat2 if ctx.needs_input_grad[1] else None)
+    ctx.input_shape, ctx.beta, ctx.alpha, ctx.bundle = input.shape, beta, alpha, bundle
+
+
+def _addmm_backward(ctx, grad: Tensor):
+    """torch.addmm's gradients: d input = beta * grad summed to input's shape, d mat1 = alpha * grad ·
+    mat2ᵀ, d mat2 = alpha * mat1ᵀ · grad (the GEMMs through tilekiln::gemm, falling back to torch)."""
+    mat1, mat2 = ctx.saved_tensors
+    grad_input = grad_mat1 = grad_mat2 = None
+    if ctx.needs_input_grad[0]:
+        grad_input = (grad * ctx.beta).sum_to_size(ctx.input_shape)
+    if ctx.needs_input_grad[1]:
+        grad_mat1 = gemm_op(grad, mat2.mT, ctx.bundle, "", True, "none")
+        grad_mat1 = grad_mat1 if ctx.alpha == 1 else grad_mat1 * ctx.alpha
+    if ctx.needs_input_grad[2]:
+        grad_mat2 = gemm_op(mat1.mT, grad, ctx.bundle, "", True, "none")
+        grad_mat2 = grad_mat2 if ctx.alpha == 1 else grad_mat2 * ctx.alpha
+    return grad_input, grad_mat1, grad_mat2, None, None, None
+
+
+addmm_op.register_autograd(_addmm_backward, setup_context=_addmm_setup)
 
 
 @torch.library.custom_op("tilekiln::scaled_gemm", mutates_args=())

@@ -32,7 +32,7 @@ from tilekiln.compat import arch_runs_on, require_driver, wrong_device
 from tilekiln.errors import BundleError, LaunchError, NoKernelError
 from tilekiln.manifest import Manifest, VerifiedBundle, read_bundle
 from tilekiln.signing import require_signature, trust_for
-from tilekiln.spec import KernelRecord
+from tilekiln.spec import FAMILIES, KernelRecord
 from tilekiln.problem import GemmProblem, make_problem
 from tilekiln.select import Choice, choose, choose_fused, nominal_clusters
 from tilekiln.splitk import SPLITS, parse_label
@@ -68,6 +68,8 @@ ClusterQuery = Callable[[KernelRecord, int], int]
 
 
 PLAN_CACHE_LIMIT = 16384
+# What a gemm-family launch passes for its by-value arguments when the call asks for none.
+NEUTRAL_VALUES = FAMILIES["gemm"].neutral_values
 
 # tilekiln._torch once the first torch tensors arrive: the runtime imports torch only then.
 _torch_path = None
@@ -425,6 +427,13 @@ class Bundle:
                             f"{type(x).__name__} and {type(weight).__name__}")
         return torch_path().linear(self, x, weight, bias, activation, residual, out)
 
+    def addmm(self, input, mat1, mat2, *, beta=1, alpha=1, out=None):
+        """``tilekiln.addmm`` on this bundle's kernels."""
+        if not (is_torch_tensor(mat1) and is_torch_tensor(mat2)):
+            raise TypeError("addmm takes torch tensors (mat1 and mat2); the operands given are "
+                            f"{type(mat1).__name__} and {type(mat2).__name__}")
+        return torch_path().addmm(self, input, mat1, mat2, beta, alpha, out)
+
     def swiglu(self, x, w_gate_up, *, out=None):
         """``tilekiln.swiglu`` on this bundle's kernels."""
         if not (is_torch_tensor(x) and is_torch_tensor(w_gate_up)):
@@ -488,17 +497,20 @@ class Bundle:
                                            masked=True)
 
     def launch(self, plan: Plan, pa: int, pb: int, pc: int, stream: int, scale_a: int = 0,
-               scale_b: int = 0, bias: int = 0, residual: int = 0, scale_result: int = 0) -> None:
+               scale_b: int = 0, bias: int = 0, residual: int = 0, scale_result: int = 0,
+               values: tuple[float, ...] = NEUTRAL_VALUES) -> None:
         """Launch a plan made by :meth:`plan` (which loaded its kernel on its device); ``bias``: the
         address of the (N,) bias vector, read only by a kernel that adds one; ``residual``: the
         address of an (M, N) residual at C's strides, read only by a kernel that adds one;
-        ``scale_result``: the address of one float32, read only by a kernel with an 8-bit float C."""
+        ``scale_result``: the address of one float32, read only by a kernel with an 8-bit float C;
+        ``values``: the gemm family's by-value float32 arguments (FAMILIES["gemm"].values), read only
+        by a kernel that uses them."""
         if (pa | pb | pc) & plan.align_mask:
             raise_misaligned(pa, pb, pc, plan.align_mask + 1)
         lib = self._lib
         buf = lib.call_buffer(plan.family)
         _native.CALL[plan.family].pack_into(buf, 0, pa, pb, pc, scale_a, scale_b, bias, residual, scale_result,
-                                              stream)
+                                              *values, stream)
         status = lib.run[plan.family](plan.block, buf)
         if status:
             raise LaunchError(plan.kernel_id, lib.error_name(status), lib.error_string(status))

@@ -37,7 +37,10 @@ SUPPORTED_SCHEMA_MAJOR = 2
 # 8: the gemm family's residual (call block and launcher argument after the bias), and row-wise
 #    scales passed as {data, extent} vectors.
 # 9: the gemm family's scale_result (call block and launcher argument after the residual).
-ABI_VERSION = 9
+# 10: by-value float32 launch arguments (tilekiln/spec.py, ValueArg): the gemm family's alpha and
+#     beta, in the call block after the pointers (padded to 8 bytes) and launcher arguments after
+#     scale_result.
+ABI_VERSION = 10
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,16 @@ def requested_epilogue(**asked: object) -> tuple[tuple[str, object], ...]:
     return tuple(out)
 
 
+def addmm_request(beta: float, alpha: float, fused_input: bool) -> tuple[tuple[str, object], ...]:
+    """What ``tilekiln.addmm`` asks a kernel for: the residual where it hands ``input`` to the
+    epilogue (``fused_input``, and beta not 0: torch.addmm ignores input then, NaN and inf
+    included, which 0 * input would not), and alpha and beta where they change the result (alpha
+    not 1, or a fused input's beta not 1)."""
+    residual = fused_input and beta != 0
+    scalars = alpha != 1 or (residual and beta != 1)
+    return requested_epilogue(residual="add" if residual else "none", scalars="alphabeta" if scalars else "none")
+
+
 # A row stride that is never used (the matrix has one row) still reaches the
 # TMA descriptor; this value is a multiple of 16 bytes for every element size.
 _UNUSED_STRIDE_ALIGN = 16

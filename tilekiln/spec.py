@@ -172,6 +172,17 @@ class Residual(str, enum.Enum):
     ADD = "add"
 
 
+class Scalars(str, enum.Enum):
+    """The epilogue's by-value coefficients (the gemm family's ValueArgs alpha and beta, Python numbers
+    in the call). alphabeta: ``out = act(alpha * acc * scales + bias) + beta * residual``: alpha scales
+    the product before the bias and the activation, beta the residual after them, so with neither bias
+    nor activation it is torch.addmm's ``beta * input + alpha * (mat1 @ mat2)``; a kernel without a
+    residual never reads beta. none: the kernel never reads either."""
+
+    NONE = "none"
+    ALPHA_BETA = "alphabeta"
+
+
 class Operand(str, enum.Enum):
     """A GEMM input in the problem's terms: A (M x K) or B (K x N)."""
 
@@ -591,6 +602,12 @@ class KernelConfig:
     residual: Residual = _field(EnumCodec(Residual, "res"), "whether the epilogue adds a residual of C's shape "
                                 "and type after the activation", Residual.NONE, selection=True,
                                 support=("residuals", "values"), requested=True)
+    # alpha scales the product, beta the residual: act(alpha * acc * scale + bias) + beta * residual.
+    # Only a kernel with them runs a call that passes them: torch cannot apply alpha after a bias or
+    # an activation.
+    scalars: Scalars = _field(EnumCodec(Scalars), "whether the epilogue multiplies the product by alpha and the "
+                              "residual by beta, numbers passed by value", Scalars.NONE, selection=True,
+                              support=("scalars", "values"), requested=True, applied_after=False)
     raster: Raster = _field(EnumCodec(Raster, "r"), "order of the persistent tile walk", Raster.M)
     swizzle: int = _field(CountCodec("sw"), "tiles per band in the raster walk (L2 reuse)", 1)
     # Data read once (the weights of a skinny GEMM) gives way first, so the operand every CTA
@@ -808,10 +825,23 @@ class ScalarArg:
 
 
 @dataclass(frozen=True)
+class ValueArg:
+    """One float32 passed by value (a coefficient such as torch.addmm's alpha, a Python number in the
+    call): it goes in the call block after the pointers, and the launcher takes it as a
+    ``cutlass.Float32``. Only kernels that use it pass it on to their device kernel, so the others'
+    cubins are as they were without it. ``neutral``: the value the runtime passes for a call that
+    does not ask for one (the value that leaves the result as it is)."""
+
+    name: str
+    neutral: float = 1.0
+
+
+@dataclass(frozen=True)
 class Family:
     """A kernel family's launch: ``tensors``, then ``indices``, then ``scales``, then ``vectors``, then
-    ``likes``, then ``scalars``, then the resident cluster count (an int32 the runtime computes per device) and the
-    stream, in that order. A kernel's ``scaling`` decides how its scales are passed (:class:`ScaleArg`)."""
+    ``likes``, then ``scalars``, then ``values``, then the resident cluster count (an int32 the runtime
+    computes per device) and the stream, in that order. A kernel's ``scaling`` decides how its scales
+    are passed (:class:`ScaleArg`)."""
 
     name: str
     extents: tuple[str, ...]  # the problem extents, int32 each in the plan block
@@ -821,13 +851,19 @@ class Family:
     vectors: tuple[VectorArg, ...] = ()
     likes: tuple[LikeArg, ...] = ()
     scalars: tuple[ScalarArg, ...] = ()
+    values: tuple[ValueArg, ...] = ()
 
     @property
     def arguments(self) -> tuple[str, ...]:
         """The names of the exported launcher's arguments, in order."""
         return (*(t.name for t in self.tensors), *(i.name for i in self.indices), *(s.name for s in self.scales),
                 *(v.name for v in self.vectors), *(x.name for x in self.likes), *(x.name for x in self.scalars),
-                "resident_clusters", "stream")
+                *(x.name for x in self.values), "resident_clusters", "stream")
+
+    @property
+    def neutral_values(self) -> tuple[float, ...]:
+        """Each value's :attr:`ValueArg.neutral`, in order: what a call that asks for none passes."""
+        return tuple(x.neutral for x in self.values)
 
     @property
     def plan_format(self) -> str:
@@ -840,9 +876,11 @@ class Family:
     @property
     def call_format(self) -> str:
         """struct format of the call block (tk_call_<family>_t): tensor, index, scale, vector, like and
-        scalar pointers, then the stream."""
-        return "<" + "Q" * (len(self.tensors) + len(self.indices) + len(self.scales) + len(self.vectors)
-                            + len(self.likes) + len(self.scalars) + 1)
+        scalar pointers, then the float32 values, padded to 8 bytes, then the stream."""
+        pointers = (len(self.tensors) + len(self.indices) + len(self.scales) + len(self.vectors)
+                    + len(self.likes) + len(self.scalars))
+        values = len(self.values)
+        return "<" + "Q" * pointers + "f" * values + "x" * (4 * (values % 2)) + "Q"
 
 
 MAX_EXTENT = 2**31 - 1  # the plan block's extents are int32 (Family.plan_format)
@@ -879,6 +917,8 @@ FAMILIES: dict[str, Family] = {
         likes=(LikeArg("residual", "c"),),
         # An 8-bit float C's per-tensor scale: C = saturate(value * scale_result) (torch._scaled_mm).
         scalars=(ScalarArg("scale_result"),),
+        # torch.addmm's coefficients, Python numbers in the call: out = alpha * (A @ B) + beta * C.
+        values=(ValueArg("alpha"), ValueArg("beta")),
     ),
     # G GEMMs sharing N and K (a mixture-of-experts layer): A's rows are sorted by group and
     # offs[g] is the end of group g's rows (torch._grouped_mm's contiguous layout); B holds one

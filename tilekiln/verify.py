@@ -13,7 +13,9 @@ of 128), against the product of the dequantized inputs; row-wise-scaled ones on
 fresh (M, 1) and (1, N) scales (grouped ones on scales per row and per group and column); fp8-result (e4m3 C) ones with a scale_result
 that saturates the largest values, against the float64 reference saturated
 and rounded to e4m3; residual kernels on a fresh residual, once into a
-separate output and once in place (the output is the residual). SwiGLU kernels (dense and
+separate output and once in place (the output is the residual); alpha and beta
+kernels with :data:`ALPHA_BETA` (a fractional alpha, a negative beta), the
+reference scaling the product by alpha and the residual by beta. SwiGLU kernels (dense and
 grouped) run with N rounded up to whole gate/up block pairs (I then not a multiple of their tiles'
 half), writing N/2 columns, against the float64 product paired by torch. Block-scaled (mxfp8) kernels run on inputs
 quantized by ``tilekiln.blockscaled.quantize_operand`` (K rounded up to whole scale-factor atoms), their
@@ -43,7 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tilekiln._files import write_atomic
-from tilekiln.spec import BLOCK_SCALE_FORMATS, BLOCKWISE_BLOCK, GLU_BLOCK, KernelRecord, Scaling, requested_fields
+from tilekiln.bundle import NEUTRAL_VALUES
+from tilekiln.spec import (BLOCK_SCALE_FORMATS, BLOCKWISE_BLOCK, GLU_BLOCK, KernelRecord, Scalars, Scaling,
+                           requested_fields)
 
 RECORD_SCHEMA = 1
 # bf16/fp16 rounding of the output alone is about 2e-3 relative; fp8 kernels are
@@ -59,6 +63,9 @@ SPLIT_SHAPES = ((1000, 1032, 4096, 2), (64, 520, 8192, 8))
 FP8 = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 HALF = {"bf16": "bfloat16", "f16": "float16"}
 SCALES = (0.5, 0.25)
+# (alpha, beta) for the kernels with scalars alphabeta: neither 1, beta negative, so a kernel that
+# dropped either, or swapped them, fails.
+ALPHA_BETA = (0.75, -1.5)
 # Rows per group of the grouped kernels' runs, (N, K) shared by the groups: empty groups, a one-row
 # group, groups smaller than a tile, one row past a tile, and several tiles; N and K not multiples
 # of the tile.
@@ -131,16 +138,19 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
                       if getattr(cfg, f.name) != f.default)
     bias_dtype = None if cfg.bias.dtype is None else getattr(torch, HALF.get(cfg.bias.value, "float32"))
     bias = residual = None
+    values = ALPHA_BETA if cfg.scalars is Scalars.ALPHA_BETA else NEUTRAL_VALUES
+    alpha = values[_torch.VALUE_INDEX["alpha"]]
 
     def epilogue(ref):
+        ref = ref * alpha  # alpha scales the product, before the bias and the activation
         for name, value in requested:
             if name in _torch.UNFUSED:  # a bias, an activation, a residual; scaling is in the reference's inputs
                 ref = _torch.UNFUSED[name](value, ref, None if bias is None else bias.double(),
-                                           None if residual is None else residual.double())
+                                           None if residual is None else residual.double(), values)
         return ref
 
     def gemm(a, b, out=None, pin=kernel.id):
-        return _torch.run_gemm(bundle, a, b, out, None, pin, requested, bias, residual)
+        return _torch.run_gemm(bundle, a, b, out, None, pin, requested, bias, residual, values)
 
     def scaled(a, b, out=None, pin=kernel.id, out_dtype=None, scales=None, scale_result=None):
         sa, sb = scales or (scale_a, scale_b)

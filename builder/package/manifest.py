@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 # `config`, every field of the spec), written and read through one definition.
 # 2.2: `config.bias` (absent: none).
 # 2.3: `config.residual` (absent: none) and `config.scaling` rowwise.
-MANIFEST_SCHEMA_VERSION = "2.3"
+# 2.4: `config.scalars` (absent: none).
+MANIFEST_SCHEMA_VERSION = "2.4"
 
 
 def runtime_requirement(runtime_version: str) -> str:

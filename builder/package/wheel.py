@@ -8,7 +8,7 @@
 
 It registers ``<bundle> = tilekiln_kernels_<bundle>:bundle_dir`` under the
 entry-point group ``tilekiln.bundles`` and requires the runtime range the
-manifest records (``tilekiln-runtime>=0.4,<0.5``), so pip installs a runtime that
+manifest records (``tilekiln-runtime>=0.5,<0.6``), so pip installs a runtime that
 reads it. The platform tag is the glibc the library was linked for (``bundle.glibc``),
 checked against the library (``builder/package/platform_tag.py``).
 
@@ -91,7 +91,7 @@ class Wheel:
     filename: str
     data: bytes
     tag: PlatformTag
-    requires: str  # the Requires-Dist line's value, e.g. "tilekiln-runtime>=0.4,<0.5"
+    requires: str  # the Requires-Dist line's value, e.g. "tilekiln-runtime>=0.5,<0.6"
     rows: tuple[SizeRow, ...]  # largest first
 
     @property

@@ -143,7 +143,7 @@ def test_verification_records_mark_exactly_the_cubins_they_ran(small, tmp_path):
                           built[1]["id"]: {"cubin_sha256": "0" * 64, "max_rel_error": 0.003, "runs": 6}},
               "failed": []}
     path = project / "catalog" / "verification" / "sm90a.json"
-    path.parent.mkdir(parents=True)
+    path.parent.mkdir(parents=True, exist_ok=True)  # the copy holds the committed record, which this replaces
     path.write_text(json.dumps({"schema": 1, "bundle": "sm90a", "records": [record]}))
     executor = CountingExecutor()
     result = run(project, tmp_path / "out", copy_cache(small, tmp_path / "cache"), executor)

@@ -67,8 +67,8 @@ def test_glue_passes_scale_result_from_the_call_block_as_a_one_element_tensor():
     assert call.index("*residual;") < call.index("*scale_result;") < call.index("*stream;")
     run = text.split("TK_EXPORT int tk_run_gemm(", 1)[1].split("\n}\n", 1)[0]
     assert "struct { void *data; } scale_result = {call->scale_result};" in run
-    launch = " ".join(run.split("void *args[11] = {", 1)[1].split("};")[0].split())
-    assert launch.endswith("&residual, &scale_result, &clusters, &stream, &result")
+    launch = " ".join(run.split("void *args[13] = {", 1)[1].split("};")[0].split())
+    assert launch.endswith("&residual, &scale_result, &alpha, &beta, &clusters, &stream, &result")
 
 
 # -- selection and explain ------------------------------------------------------------------------------

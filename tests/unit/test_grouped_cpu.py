@@ -45,9 +45,9 @@ def test_the_family_passes_offs_between_the_tensors_and_the_scales():
     assert family.plan_format == "<" + "q" * 10 + "i" * 8
     assert family.indices[0].limit == MAX_GROUPS
     # The dense family has no index vectors; its call block: a, b, c, the scales, the bias, the
-    # residual, scale_result, the stream.
-    assert FAMILIES["gemm"].indices == () and FAMILIES["gemm"].call_format == "<" + "Q" * 9
-    assert family.vectors == () and family.likes == () and family.scalars == ()
+    # residual, scale_result, alpha and beta, the stream.
+    assert FAMILIES["gemm"].indices == () and FAMILIES["gemm"].call_format == "<" + "Q" * 8 + "ff" + "Q"
+    assert family.vectors == () and family.likes == () and family.scalars == () and family.values == ()
 
 
 def test_kernel_ids_name_the_family():

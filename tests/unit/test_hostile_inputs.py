@@ -315,7 +315,7 @@ def _verification(**record) -> str:
     (_verification(date="٢٠٢٦-12-06"), "٢٠٢٦"),
 ], ids=["not-json", "a-list", "bad-kernel-id", "bad-failed-id", "arabic-digits"])
 def test_a_malformed_verification_file_is_a_located_diagnostic(project, text, marker):
-    (project / "catalog" / "verification").mkdir()
+    (project / "catalog" / "verification").mkdir(exist_ok=True)  # the project copies catalog/verification/sm90a.json
     (project / "catalog" / "verification" / "sm100a.json").write_text(text)
     line = text[:text.index(marker)].count("\n") + 1 if marker else 1
     assert located(validate(project), "VERIFICATION-FILE") == {("catalog/verification/sm100a.json", line)}

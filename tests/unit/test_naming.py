@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from tilekiln.spec import (FAMILY_NAMES, Activation, Bias, BlockScale, Cluster, DType, DTypes, KernelConfig,
-                           KernelIdError, Layout, Operand, Raster, Residual, Scaling, Schedule, Tile,
+                           KernelIdError, Layout, Operand, Raster, Residual, Scalars, Scaling, Schedule, Tile,
                            format_kernel_id, parse_kernel_id)
 
 configs = st.builds(
@@ -115,6 +115,7 @@ PERTURBATIONS = {
     "activation": Activation.GELU_TANH,
     "scaling": Scaling.BLOCKWISE,
     "residual": Residual.ADD,
+    "scalars": Scalars.ALPHA_BETA,
 }
 
 

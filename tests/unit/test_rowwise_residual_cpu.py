@@ -64,11 +64,12 @@ def fused(problem, kernels=KERNELS):
 def test_the_gemm_family_passes_row_wise_scales_as_vectors_and_the_residual_after_the_bias():
     gemm = FAMILIES["gemm"]
     assert gemm.arguments == ("a", "b", "c", "scale_a", "scale_b", "bias", "residual", "scale_result",
-                              "resident_clusters", "stream")
+                              "alpha", "beta", "resident_clusters", "stream")
     assert [(s.name, s.per) for s in gemm.scales] == [("scale_a", ("m",)), ("scale_b", ("n",))]
     assert [(x.name, x.like) for x in gemm.likes] == [("residual", "c")]
-    # The residual shares C's plan strides: only the call block grows (and with scale_result).
-    assert gemm.call_format == "<" + "Q" * 9 and gemm.plan_format == "<" + "q" * 10 + "i" * 8
+    # The residual shares C's plan strides: only the call block grows (and with scale_result, alpha
+    # and beta).
+    assert gemm.call_format == "<" + "Q" * 8 + "ff" + "Q" and gemm.plan_format == "<" + "q" * 10 + "i" * 8
 
 
 def test_glue_builds_row_wise_scale_vectors_and_the_residual_from_cs_strides():
@@ -84,8 +85,8 @@ def test_glue_builds_row_wise_scale_vectors_and_the_residual_from_cs_strides():
     assert "struct { void *data; int32_t shape[1]; } scale_b_rows = {call->scale_b, {plan->n}};" in run
     assert ("tk_tensor_t residual = {call->residual, {plan->m, plan->n, plan->l}, "
             "{plan->c_stride[0], plan->c_stride[1]}};") in run
-    launch = " ".join(run.split("void *args[11] = {", 1)[1].split("};")[0].split())
-    assert launch.endswith("&bias, &residual, &scale_result, &clusters, &stream, &result")
+    launch = " ".join(run.split("void *args[13] = {", 1)[1].split("};")[0].split())
+    assert launch.endswith("&bias, &residual, &scale_result, &alpha, &beta, &clusters, &stream, &result")
     call = text.split("} tk_call_gemm_t;")[0].rsplit("typedef struct {", 1)[1]
     assert call.index("*bias;") < call.index("*residual;") < call.index("*stream;")
 

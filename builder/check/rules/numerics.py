@@ -7,7 +7,7 @@ from typing import Iterator
 from builder.check.context import KernelContext
 from builder.check.rules.registry import rule
 from builder.diagnostics import Diagnostic, did_you_mean
-from tilekiln.spec import BLOCKWISE_BLOCK, GLU_BLOCK, SCALED_OUTPUTS, Scaling
+from tilekiln.spec import BLOCKWISE_BLOCK, GLU_BLOCK, SCALED_OUTPUTS, Scalars, Scaling
 
 
 @rule("TARGET-ARCH", "every target of a config is a compile target of its pipeline")
@@ -242,6 +242,32 @@ def check_residual(ctx: KernelContext) -> Iterator[Diagnostic]:
     if cfg.family != "gemm":
         yield ctx.diag("RESIDUAL", "residual", f"the residual is an argument of the dense gemm family, not "
                        f"{cfg.family}", "remove residual for this family", family=cfg.family)
+
+
+@rule("ALPHA-BETA", "a kernel with alpha and beta is an ungated dense gemm of unscaled inputs into a float result")
+def check_alpha_beta(ctx: KernelContext) -> Iterator[Diagnostic]:
+    cfg = ctx.entry.config
+    if cfg.scalars is Scalars.NONE:
+        return
+    d = cfg.dtypes
+    if d.scaled or cfg.block_scale is not None:
+        yield ctx.diag("ALPHA-BETA", "scalars", f"alpha and beta with {d.a.value} x {d.b.value} inputs: the calls that "
+                       "pass alpha and beta (tilekiln.addmm) multiply unscaled operands, and a scaled call "
+                       "(scaled_gemm) passes scales, not alpha, so no call would run this kernel",
+                       "remove scalars, or use 16-bit float inputs such as dtypes {a: bf16, b: bf16, acc: f32, "
+                       "c: bf16}", dtypes=list(d.tokens))
+    if d.c.value not in _BIAS_OUTPUTS:
+        yield ctx.diag("ALPHA-BETA", "scalars", f"alpha * acc + beta * residual is computed in fp32 and rounded once "
+                       f"to C, but C is {d.c.value}, not a float type that holds it ({', '.join(_BIAS_OUTPUTS)})",
+                       f"remove scalars, or use an output type of {', '.join(_BIAS_OUTPUTS)}", c=d.c,
+                       outputs=list(_BIAS_OUTPUTS))
+    if cfg.activation.gated:
+        yield ctx.diag("ALPHA-BETA", "scalars", f"alpha and beta with {cfg.activation.value}: the gated epilogue "
+                       "(tilekiln.swiglu) takes no coefficients", "remove scalars",
+                       activation=cfg.activation.value)
+    if cfg.family != "gemm":
+        yield ctx.diag("ALPHA-BETA", "scalars", f"alpha and beta are arguments of the dense gemm family, not "
+                       f"{cfg.family}", "remove scalars for this family", family=cfg.family)
 
 
 @rule("SWIGLU", "a swiglu kernel's tile holds whole gate/up block pairs, unswapped, with no per-value operands")
