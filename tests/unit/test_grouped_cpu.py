@@ -360,6 +360,22 @@ def test_a_cc_10_device_runs_the_tcgen05_grouped_kernels_of_both_layouts(tmp_pat
     assert bundle.resident_clusters(contiguous, 0) == 148
 
 
+def test_the_tcgen05_grouped_kernels_fuse_no_epilogue(tmp_path):
+    """SwiGLU runs as the ungated grouped GEMM (torch pairs the columns); row-wise scales find no kernel."""
+    from tilekiln.grouped import choose_grouped_fused
+    from tilekiln.problem import requested_epilogue
+
+    plain, fp8 = _tcgen05(grouped(0, (128, 256, 64))), _tcgen05(grouped(1, (128, 256, 128), dtype="e4m3"))
+    bundle = _blackwell_bundle(tmp_path, (plain, fp8))
+    swiglu = make_grouped_problem(op("a", (4096, 2048)), weights(8, 1536, 2048), op("offs", (8,), dtype="i32"), None,
+                                  False, requested_epilogue(activation="swiglu"))
+    choice, unfused = choose_grouped_fused(bundle, swiglu)
+    assert choice.kernel.id == plain.id and unfused == (("activation", "swiglu"),)
+    rowwise = make_grouped_problem(op("a", (4096, 2048), dtype="e4m3"), weights(8, 1536, 2048, "e4m3"),
+                                   op("offs", (8,), dtype="i32"), None, True, requested_epilogue(scaling="rowwise"))
+    assert choose_grouped_fused(bundle, rowwise)[0].kernel is None
+
+
 def test_a_hopper_device_refuses_the_blackwell_grouped_bundle(tmp_path):
     from tilekiln.errors import BundleError
     from tilekiln.grouped import choose_grouped
