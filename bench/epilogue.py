@@ -1,7 +1,7 @@
 """Fused epilogues against the torch sequence they replace: linear layers with bias and an
-activation, whole MLP blocks, and fp8 with row-wise scales.
+activation, whole MLP blocks, fp8 with row-wise scales and addmm's alpha and beta.
 
-Three parts, each side replayed from CUDA graphs and the two timed interleaved, shape by
+Four parts, each side replayed from CUDA graphs and the two timed interleaved, shape by
 shape (the method of bench/gemm.py), every shape checked against float64 first:
 
 - ``linear``: ``tilekiln.linear(x, w, bias, activation=act)`` against
@@ -14,7 +14,10 @@ shape (the method of bench/gemm.py), every shape checked against float64 first:
   kernel, and says so where the product ran unfused;
 - ``rowwise``: ``tilekiln.scaled_gemm`` with (M, 1) and (1, N) float32 scales against
   ``torch._scaled_mm`` with the same scales; a bundle that takes no row-wise scales is recorded
-  as such, with the error it raised.
+  as such, with the error it raised;
+- ``addmm``: ``tilekiln.addmm(c, a, b, beta=, alpha=)`` (the input fused as the epilogue's
+  residual, alpha and beta by value) against ``torch.addmm`` on Llama-3-8B's residual layers
+  (attention output, down) at ``ADDMM_M`` tokens, with (alpha, beta) of (1, 1) and (0.5, 2).
 
     python3 bench/epilogue.py --bundle artifacts/sm90a --json bench/results/epilogue-<card>.json
 
@@ -48,7 +51,10 @@ L2_BYTES = 60 * 2**20
 # intermediate 14336 (bench/models/llama-3-8b.json).
 LLAMA3_8B_LAYERS = (("qkv", 6144, 4096), ("o_proj", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336))
 MLPS = (("llama-3-8b", 4096, 14336), ("llama-3-70b", 8192, 28672))
+PARTS = ("linear", "mlp", "rowwise", "addmm")
 ACTIVATIONS = {"silu": F.silu, "gelutanh": lambda y: F.gelu(y, approximate="tanh"), "relu": torch.relu}
+ADDMM_M = (128, 512, 2048, 4096, 8192)
+ADDMM_SCALARS = ((1.0, 1.0), (0.5, 2.0))
 ROWWISE_SHAPES = ((16, 4096, 4096), (128, 6144, 4096), (512, 28672, 4096), (1024, 4096, 14336),
                   (2048, 4096, 4096), (4096, 4096, 4096), (4096, 14336, 4096), (8192, 8192, 8192))
 
@@ -168,6 +174,26 @@ def rowwise_row(bundle, m: int, n: int, k: int) -> dict:
             "torch_us": round(1000 * th_ms, 3), "ratio": round(th_ms / tk_ms, 4)}
 
 
+def addmm_row(bundle, m: int, n: int, k: int, alpha: float, beta: float) -> dict:
+    sets = [(torch.randn(m, n, device="cuda", dtype=torch.bfloat16),
+             torch.randn(m, k, device="cuda", dtype=torch.bfloat16),
+             torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t() / math.sqrt(k))
+            for _ in range(copies(2 * (2 * m * n + m * k + n * k)))]
+    c, a, b = sets[0]
+    ref = beta * c.double() + alpha * (a.double() @ b.double())
+    err = rel_error(tilekiln.addmm(c, a, b, beta=beta, alpha=alpha, bundle=bundle), ref)
+    if not err < 2e-2:
+        raise SystemExit(f"bench/epilogue.py: addmm {m}x{n}x{k} alpha {alpha} beta {beta}: relative error {err:.3g}")
+    tk_ms, th_ms = pair_ms(lambda i: tilekiln.addmm(*sets[i % len(sets)], beta=beta, alpha=alpha, bundle=bundle),
+                           lambda i: torch.addmm(*sets[i % len(sets)], beta=beta, alpha=alpha),
+                           launches(2 * m * n * k))
+    choice = tilekiln.explain(a, b, bundle=bundle, alpha=alpha, beta=beta, residual=c)
+    return {"m": m, "n": n, "k": k, "alpha": alpha, "beta": beta, "kernel": choice.label,
+            "fused": "resadd" in choice.label and not any(n.startswith("unfused") for n in choice.notes),
+            "relative_error": err, "tilekiln_us": round(1000 * tk_ms, 3),
+            "torch_us": round(1000 * th_ms, 3), "ratio": round(th_ms / tk_ms, 4)}
+
+
 def summary(rows: list[dict]) -> dict:
     ratios = [r["ratio"] for r in rows if "ratio" in r]
     if not ratios:
@@ -180,13 +206,13 @@ def summary(rows: list[dict]) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bundle", default="artifacts/sm90a")
-    p.add_argument("--part", action="append", choices=["linear", "mlp", "rowwise"], default=None,
-                   help="which parts to run (repeatable; default: all three)")
+    p.add_argument("--part", action="append", choices=PARTS, default=None,
+                   help="which parts to run (repeatable; default: all four)")
     p.add_argument("--seed", type=int, default=31, help="seed of the token counts drawn between the grid's")
     p.add_argument("--json", type=Path, required=True)
     args = p.parse_args()
     bundle = tilekiln.load(args.bundle)
-    parts = args.part or ["linear", "mlp", "rowwise"]
+    parts = args.part or list(PARTS)
     counts = token_counts(args.seed)
     report = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
               "torch": torch.__version__, "bundle": bundle.name, "seed": args.seed, "parts": {}}
@@ -217,6 +243,15 @@ def main() -> None:
         for m, n, k in ROWWISE_SHAPES:
             row = rowwise_row(bundle, m, n, k)
             record("rowwise", row, f"{m}x{n}x{k}")
+    if "addmm" in parts:
+        for name, n, k in LLAMA3_8B_LAYERS:
+            if name not in ("o_proj", "down"):
+                continue
+            for alpha, beta in ADDMM_SCALARS:
+                for m in ADDMM_M:
+                    row = addmm_row(bundle, m, n, k, alpha, beta)
+                    record("addmm", {"layer": name, **row},
+                           f"{name:8s} alpha {alpha} beta {beta} {m:6d}x{n}x{k} {row['kernel']}")
     print(json.dumps({part: s["summary"] for part, s in report["parts"].items()}))
 
 
