@@ -16,6 +16,10 @@ before capture (it is what an eager MoE layer without a grouped kernel runs); ti
 torch._grouped_mm read ``offs`` on the device. The dense GEMM multiplies all the layer's rows by
 one expert's weights: the same FLOPs with no grouping, the bar the issue sets.
 
+``--swiglu`` (bf16) also times the expert MLP's whole gate_up step: ``tilekiln.grouped_swiglu`` (the
+product silu(gate) * up in the grouped GEMM's epilogue, on the weight ``swiglu_weight`` converts once)
+against torch eager's ``torch._grouped_mm`` then ``silu(gate) * up`` on its (rows, 2I) result.
+
 ``--masked 1,8,64`` also times the masked layout (tilekiln.grouped_gemm_masked) at those rows per
 expert against the per-expert loop (bf16).
 
@@ -160,7 +164,44 @@ def run_layer(bundle, name: str, tokens: int, args, gen) -> dict:
     for side in ("torch_grouped_mm", "loop", "dense"):
         if side in tflops and "tilekiln" in tflops:
             row[f"vs_{side}"] = round(tflops["tilekiln"] / tflops[side], 4)
+    if args.swiglu and not fp8:
+        row["swiglu"] = time_swiglu(bundle, a, w, offs, iters, args, f"{name} {tokens}")
     return row
+
+
+def time_swiglu(bundle, a, w, offs, iters: int, args, label: str) -> dict:
+    """The gate_up step with SwiGLU: tilekiln's fused grouped kernel against torch._grouped_mm and the
+    product in torch, ``w`` (G, 2I, K) holding each expert's [gate; up] rows; checked first on a few
+    groups against float64."""
+    inter = w.shape[1] // 2
+    w_fused = tilekiln.swiglu_weight(w)
+    out = torch.full((a.shape[0], inter), float("nan"), dtype=torch.bfloat16, device="cuda")
+    tilekiln.grouped_swiglu(a, w_fused, offs, out=out, bundle=bundle)
+    ends = [0] + offs.tolist()
+    for g in sorted({0, len(ends) // 2 - 1, len(ends) - 2}):
+        if ends[g + 1] > ends[g]:
+            gu = a[ends[g]:ends[g + 1]].double() @ w[g].double().t()
+            ref = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
+            err = ((out[ends[g]:ends[g + 1]].double() - ref).norm() / ref.norm()).item()
+            if not err < 2e-2:
+                raise SystemExit(f"numerics check failed: {label} swiglu group {g}: relative error {err}")
+    b = w.transpose(1, 2)
+
+    def torch_swiglu(i):
+        gu = torch._grouped_mm(a, b, offs=offs)
+        return torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
+
+    timers = {"tilekiln": timer(lambda i: tilekiln.grouped_swiglu(a, w_fused, offs, out=out, bundle=bundle), iters,
+                                args.settle_ms, f"{label} tilekiln swiglu"),
+              "torch": timer(torch_swiglu, iters, args.settle_ms, f"{label} torch swiglu")}
+    times = {side: [] for side in timers}
+    for _ in range(args.rounds):
+        for side, t in timers.items():
+            times[side].append(t())
+    ms = {side: statistics.median(t) for side, t in times.items()}
+    choice = tilekiln.explain(a, w_fused.transpose(1, 2), offs=offs, activation="swiglu", bundle=bundle)
+    return {"kernel": choice.label, "fused": not any(n.startswith("unfused") for n in choice.notes),
+            "ms": {side: round(v, 5) for side, v in ms.items()}, "vs_torch": round(ms["torch"] / ms["tilekiln"], 4)}
 
 
 def run_masked(bundle, name: str, per_expert: int, args, gen) -> dict:
@@ -222,6 +263,8 @@ def main() -> None:
     p.add_argument("--skew", type=float, default=1.0, help="routing skew: probability ~ rank^-skew")
     p.add_argument("--masked", default="", help="also time the masked layout at these rows per expert "
                    "(M_max), e.g. 1,8,64")
+    p.add_argument("--swiglu", action="store_true", help="bf16: also time the gate_up step with SwiGLU fused "
+                   "against torch._grouped_mm and the product in torch")
     p.add_argument("--rounds", type=int, default=4, help="interleaved timed blocks per side")
     p.add_argument("--settle-ms", type=float, default=SETTLE_MS)
     p.add_argument("--seed", type=int, default=0)
@@ -236,7 +279,8 @@ def main() -> None:
             rows.append(row)
             t = row["tflops"]
             print(f"{name:16s} {tokens:6d} tok {row['rows']:7d} rows  " + "  ".join(
-                f"{side} {t[side]:6.1f}" for side in SIDES if side in t) + f"  {row['kernel']}", flush=True)
+                f"{side} {t[side]:6.1f}" for side in SIDES if side in t) + f"  {row['kernel']}"
+                + (f"  swiglu x{row['swiglu']['vs_torch']:.2f}" if "swiglu" in row else ""), flush=True)
             torch.cuda.empty_cache()
     masked = []
     for name in args.layers.split(",") if args.masked else ():
@@ -249,6 +293,7 @@ def main() -> None:
     summary = {
         "masked_geomean_vs_loop": geomean([r["vs_loop"] for r in masked]),
         "geomean_vs_torch_grouped_mm": geomean([r["vs_torch_grouped_mm"] for r in rows if "vs_torch_grouped_mm" in r]),
+        "swiglu_geomean_vs_torch": geomean([r["swiglu"]["vs_torch"] for r in rows if "swiglu" in r]),
         "geomean_vs_loop": geomean([r["vs_loop"] for r in rows if "vs_loop" in r]),
         "min_vs_dense_at_4096_tokens_and_above": min(
             (r["vs_dense"] for r in rows if r["tokens"] >= 4096 and "vs_dense" in r), default=None),
