@@ -88,8 +88,8 @@ FP4_KERNELS = {
 }
 
 # The sm107 pipeline's block-scaled kernels (the 64-byte-K MMA): catalog/gemm/sm107_blockscaled.yaml's
-# mxfp8 128x256 (1-CTA and a CTA pair) and mxfp4, and an fp4 kernel with e5m3 scales, which only SM
-# 10.7 has (census only: no scale_format names that format).
+# mxfp8 128x256 (1-CTA and a CTA pair) and mxfp4, and the fp4 kernel with e5m3 scales, which only SM
+# 10.7 has (scale_format "fp4-e5m3-b32").
 SM107_BLOCKSCALED_KERNELS = {
     "gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_sfe8m0x32": (
         "sm_107a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
