@@ -656,21 +656,28 @@ def run_addmm(bundle: Bundle, input: Tensor, mat1: Tensor, mat2: Tensor, beta: f
 _SWIGLU = requested_epilogue(activation="swiglu")
 
 
+def check_gate_up(w_gate_up, x: Tensor, x_name: str, grouped: bool) -> None:
+    """``w_gate_up`` as swiglu (2I, K) or grouped_swiglu (G, 2I, K) takes it, next to the activations
+    ``x`` named ``x_name``: a tensor of x's dtype and device, K = x's last dimension, an even row count
+    (gate and up interleaved: tilekiln.swiglu_weight). ``TypeError``/``ValueError`` naming w_gate_up."""
+    if not isinstance(w_gate_up, Tensor):
+        raise TypeError(f"w_gate_up: expected a torch tensor, got {type(w_gate_up).__name__}")
+    dims, shape = (3, "(G, 2I, K)") if grouped else (2, "(2I, K)")
+    if w_gate_up.dim() != dims or x.dim() < 1 or x.shape[-1] != w_gate_up.shape[-1] or w_gate_up.shape[-2] % 2:
+        raise ValueError(f"w_gate_up: expected {shape} with K = {x_name}'s last dimension and an even row count "
+                         f"(gate and up rows interleaved{' per expert' if grouped else ''}: tilekiln.swiglu_weight), got w_gate_up {list(w_gate_up.shape)} and {x_name} {list(x.shape)}")
+    if w_gate_up.dtype != x.dtype:
+        raise TypeError(f"w_gate_up: dtype {w_gate_up.dtype} is not {x_name}'s ({x.dtype}); convert one of them")
+    if w_gate_up.device != x.device:
+        raise ValueError(f"w_gate_up: on {w_gate_up.device} while {x_name} is on {x.device}; move it with "
+                         f"w_gate_up.to({x_name}.device)")
+
+
 def swiglu(bundle, x: Tensor, w_gate_up: Tensor, out: Tensor | None):
     """``silu(x @ gate.T) * (x @ up.T)``, (..., I), from ``w_gate_up`` (2I, K) in the interleaved layout
     (:func:`swiglu_weight`): one GEMM whose epilogue writes the product where a kernel fuses it,
     else the GEMM and the product in torch. Differentiable (the backward recomputes the GEMM)."""
-    if not isinstance(w_gate_up, Tensor):
-        raise TypeError(f"w_gate_up: expected a torch tensor, got {type(w_gate_up).__name__}")
-    if w_gate_up.dim() != 2 or x.dim() < 1 or x.shape[-1] != w_gate_up.shape[1] or w_gate_up.shape[0] % 2:
-        raise ValueError(f"w_gate_up: expected (2I, K) with K = x's last dimension and an even row count (gate and "
-                         f"up interleaved: tilekiln.swiglu_weight), got w_gate_up {list(w_gate_up.shape)} and x "
-                         f"{list(x.shape)}")
-    if w_gate_up.dtype != x.dtype:
-        raise TypeError(f"w_gate_up: dtype {w_gate_up.dtype} is not x's ({x.dtype}); convert one of them")
-    if w_gate_up.device != x.device:
-        raise ValueError(f"w_gate_up: on {w_gate_up.device} while x is on {x.device}; move it with "
-                         "w_gate_up.to(x.device)")
+    check_gate_up(w_gate_up, x, "x", grouped=False)
     shape = (*x.shape[:-1], w_gate_up.shape[0] // 2)
     if out is not None:
         if not isinstance(out, Tensor):
@@ -1136,17 +1143,7 @@ def grouped_swiglu(bundle, a: Tensor, w_gate_up: Tensor, rows: Tensor, scale_a, 
     """``grouped_swiglu`` (``rows`` is offs) or ``grouped_swiglu_masked`` (masked_m): ``w_gate_up``
     (G, 2I, K), each expert's gate and up rows interleaved (:func:`swiglu_weight`), checked here so
     that errors name it; the grouped GEMM of ``a`` and ``w_gate_up.transpose(1, 2)`` with SwiGLU."""
-    if not isinstance(w_gate_up, Tensor):
-        raise TypeError(f"w_gate_up: expected a torch tensor, got {type(w_gate_up).__name__}")
-    if w_gate_up.dim() != 3 or w_gate_up.shape[1] % 2 or a.shape[-1] != w_gate_up.shape[2]:
-        raise ValueError(f"w_gate_up: expected (G, 2I, K) with K = a's last dimension and an even row count (each "
-                         f"expert's gate and up interleaved: tilekiln.swiglu_weight), got w_gate_up "
-                         f"{list(w_gate_up.shape)} and a {list(a.shape)}")
-    if w_gate_up.dtype != a.dtype:
-        raise TypeError(f"w_gate_up: dtype {w_gate_up.dtype} is not a's ({a.dtype}); convert one of them")
-    if w_gate_up.device != a.device:
-        raise ValueError(f"w_gate_up: on {w_gate_up.device} while a is on {a.device}; move it with "
-                         "w_gate_up.to(a.device)")
+    check_gate_up(w_gate_up, a, "a", grouped=True)
     return grouped_gemm(bundle, a, w_gate_up.transpose(1, 2), rows, scale_a, scale_b, out, stream, kernel, masked,
                         "swiglu")
 

@@ -102,6 +102,8 @@ class Tcgen05Parameters(YamlModel):
         description="the generated launch allows programmatic stream serialization (PDL)")
     max_scale_blocks_per_mma: StrictPositiveInt | None = Field(
         None, description="block-scaled templates: the most scale blocks along K one MMA may read")
+    index_tables: StrictCount = Field(
+        0, description="int32 tables in shared memory per entry of an index vector (a grouped kernel's group table)")
 
 
 TemplateParameters = Annotated[Sm90Parameters | Tcgen05Parameters, Field(discriminator="kind")]

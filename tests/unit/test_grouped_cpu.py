@@ -226,9 +226,13 @@ def test_template_renders_a_grouped_kernel_whose_table_the_smem_model_counts():
     assert {c.entry.kernel_id for c in ctxs} >= {"grouped_sm90_bf16_bf16_f32_bf16_tn_128x128x64_c1x1",
                                                   "grouped_sm90_bf16_bf16_f32_bf16_tn_64x128x64_c1x1_pingpong",
                                                   "grouped_sm90_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1",
-                                                  "grouped_masked_sm90_bf16_bf16_f32_bf16_tn_64x128x64_c1x1_pingpong"}
+                                                  "grouped_masked_sm90_bf16_bf16_f32_bf16_tn_64x128x64_c1x1_pingpong",
+                                                  "grouped_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c1x1",
+                                                  "grouped_masked_sm100_bf16_bf16_f32_bf16_tn_128x128x64_c1x1",
+                                                  "grouped_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1"}
     for ctx in ctxs:
-        assert ctx.template.name == "sm90_grouped"
+        # Hopper's warpgroup-MMA template, or the tcgen05 one on the Blackwell-family pipelines.
+        assert ctx.template.name == ("sm90_grouped" if ctx.entry.config.pipeline == "sm90" else "sm100_grouped")
         assert ctx.entry.config.cluster.m == 1
         # Row ends and item ends, int32, one more entry than the most groups.
         assert ctx.plan.smem.table_bytes == 2 * (MAX_GROUPS + 1) * 4
@@ -317,3 +321,65 @@ def test_masked_operators_trace_as_one_node(tmp_path):
         assert got.shape == (8, 64, 1004) and got.stride() == (64 * 1008, 1008, 1)
         _, ops = traced(lambda: bundle.grouped_gemm_masked(a, w.transpose(1, 2), masked_m, out=out))
         assert ops == ["tilekiln.grouped_gemm_masked_out.default"]
+
+
+# -- tcgen05 (CC 10.x) -----------------------------------------------------------------------------
+
+def _blackwell_bundle(tmp_path, kernels, cc=(10, 0), sms=148):
+    """An sm_100a bundle (or sm_100f: ``kind`` f) of ``kernels`` on a stand-in device of ``cc``."""
+    from tilekiln.bundle import Bundle, DeviceInfo
+    from tests.records import manifest
+
+    m = manifest(kernels)
+    info = replace(m.bundle, name="sm100a", arch="sm_100a", compute_capability=(10, 0))
+    return Bundle(tmp_path, replace(m, bundle=info), device_query=lambda ordinal: DeviceInfo(ordinal, cc, sms))
+
+
+def _tcgen05(record, family="grouped"):
+    """``record`` as the tcgen05 grouped template's kernel: pipeline sm100, 192 threads."""
+    config = replace(record.config, pipeline="sm100", family=family)
+    return replace(record, config=config, id=format_kernel_id(config), threads=192,
+                   template=replace(record.template, name="sm100_grouped"))
+
+
+def test_a_cc_10_device_runs_the_tcgen05_grouped_kernels_of_both_layouts(tmp_path):
+    from tilekiln.grouped import choose_grouped, make_masked_problem
+
+    contiguous = _tcgen05(grouped(0, (128, 256, 64)))
+    masked = _tcgen05(grouped(1, (128, 128, 64)), "grouped_masked")
+    fp8 = _tcgen05(grouped(2, (128, 256, 128), dtype="e4m3"))
+    dense = replace(kernel_record(3, "dense", (128, 256, 64)), threads=192)
+    bundle = _blackwell_bundle(tmp_path, (contiguous, masked, fp8, dense))
+    assert choose_grouped(bundle, problem(4096, 8, n=1536)).kernel.id == contiguous.id == \
+        "grouped_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c1x1"
+    assert choose_grouped(bundle, problem(4096, 8, n=1536, dtype="e4m3")).kernel.id == fp8.id
+    rows = make_masked_problem(op("a", (8, 64, 512)), weights(8, 256, 512), op("masked_m", (8,), dtype="i32"),
+                               None, False)
+    assert choose_grouped(bundle, rows).kernel.id == masked.id == "grouped_masked_sm100_bf16_bf16_f32_bf16_tn_128x128x64_c1x1"
+    # The host counts the same work-item bound on every arch: 148 SMs hold 148 one-CTA clusters.
+    assert bundle.resident_clusters(contiguous, 0) == 148
+
+
+def test_the_tcgen05_grouped_kernels_fuse_no_epilogue(tmp_path):
+    """SwiGLU runs as the ungated grouped GEMM (torch pairs the columns); row-wise scales find no kernel."""
+    from tilekiln.grouped import choose_grouped_fused
+    from tilekiln.problem import requested_epilogue
+
+    plain, fp8 = _tcgen05(grouped(0, (128, 256, 64))), _tcgen05(grouped(1, (128, 256, 128), dtype="e4m3"))
+    bundle = _blackwell_bundle(tmp_path, (plain, fp8))
+    swiglu = make_grouped_problem(op("a", (4096, 2048)), weights(8, 1536, 2048), op("offs", (8,), dtype="i32"), None,
+                                  False, requested_epilogue(activation="swiglu"))
+    choice, unfused = choose_grouped_fused(bundle, swiglu)
+    assert choice.kernel.id == plain.id and unfused == (("activation", "swiglu"),)
+    rowwise = make_grouped_problem(op("a", (4096, 2048), dtype="e4m3"), weights(8, 1536, 2048, "e4m3"),
+                                   op("offs", (8,), dtype="i32"), None, True, requested_epilogue(scaling="rowwise"))
+    assert choose_grouped_fused(bundle, rowwise)[0].kernel is None
+
+
+def test_a_hopper_device_refuses_the_blackwell_grouped_bundle(tmp_path):
+    from tilekiln.errors import BundleError
+    from tilekiln.grouped import choose_grouped
+
+    bundle = _blackwell_bundle(tmp_path, (_tcgen05(grouped(0, (128, 256, 64))),), cc=(9, 0), sms=132)
+    with pytest.raises(BundleError, match="sm_100a"):
+        choose_grouped(bundle, problem(4096, 8, n=1536))

@@ -1,6 +1,6 @@
 """Each Blackwell-family bundle of the default catalog holds what its pipeline adds.
 
-The sm107a bundle's fp8 kernels, dense and block-scaled (mxfp8), and its mxfp4
+The sm107a bundle's fp8 kernels, dense, grouped and block-scaled (mxfp8), and its mxfp4
 kernels come from the sm107 pipeline and are rendered with SM 10.7's 64-byte
 MMA K; no other bundle gets one, and no sm107a kernel uses the 32-byte MMA in
 their place (its nvfp4 kernels keep it: BLOCK-SCALE-MMA-K). sm103 adds only
@@ -76,3 +76,18 @@ def test_rubin_block_scaled_kernels_use_the_64_byte_mma_k_except_nvfp4():
     assert all(c.entry.config.pipeline == "sm100" and c.plan.mma_k_bytes == 32 for c in scaled["sm_100a"])
     assert all((c.entry.config.pipeline, c.plan.mma_k_bytes) in {("sm100", 32), ("sm103", 48)}
                for c in scaled["sm_103a"])
+
+
+def test_every_blackwell_family_bundle_holds_grouped_kernels_of_both_layouts():
+    """bf16 and fp8 grouped (mixture-of-experts) kernels, contiguous and masked, from the tcgen05 grouped
+    template; sm107a's fp8 ones from the sm107 pipeline (64-byte MMA K), as its dense fp8 kernels."""
+    targets = by_target()
+    for target in ("sm_100a", "sm_100f", "sm_103a", "sm_107a"):
+        grouped = [c for c in targets[target] if c.entry.config.family != "gemm"]
+        assert {c.template.name for c in grouped} == {"sm100_grouped"}, target
+        assert {(c.entry.config.family, c.entry.config.dtypes.a.value) for c in grouped} == {
+            (f, d) for f in ("grouped", "grouped_masked") for d in ("bf16", "e4m3")}, target
+        for ctx in grouped:
+            fp8_rubin = target == "sm_107a" and ctx.entry.config.dtypes.a.bits == 8
+            assert ctx.entry.config.pipeline == ("sm107" if fp8_rubin else "sm100"), (target, ctx.entry.kernel_id)
+            assert ctx.plan.mma_k_bytes == (64 if fp8_rubin else 32)

@@ -40,6 +40,9 @@ rings (SFA then SFB, one 512-byte atom per 128 rows and 4 scale blocks)
 between the barriers and the A ring; under a CTA pair each CTA holds the
 scale factors of all of the tile's N (measured: 2-CTA 128x256x128 mxfp8,
 the traced struct equals the model).
+
+A grouped kernel (``templates/sm100_grouped.py.j2``) puts its group table, two
+int32 entries per group plus one each, right after the TMEM address word.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from dataclasses import dataclass
 from builder.check.derive.common import SmemUse, align_up, storage_layout, tma_contract
 from builder.load.facts import PipelineFacts
 from builder.load.templates import Tcgen05Parameters
-from tilekiln.spec import Contract, KernelConfig
+from tilekiln.spec import FAMILIES, Contract, KernelConfig
 
 
 @dataclass(frozen=True)
@@ -148,8 +151,11 @@ def tcgen05_smem(config: KernelConfig, facts: PipelineFacts, p: Tcgen05Parameter
     # ring full/empty, accumulator full/empty, the TMEM dealloc mbarrier, then the 32-bit TMEM address
     barriers = (2 * stages + 2 * (acc_stages or p.acc_stages) + 1) * mbar + 4
     epi = epi_m * epi_n * d.c.bits // 8 * p.epilogue_stages
-    dynamic, operand_end = storage_layout(barriers, a, b, epi, align, scales)
-    return SmemUse(barriers, a, b, epi, dynamic, p.static_smem_bytes, operand_end, scales)
+    # Int32 tables indexed by an index vector's entries, plus one (the grouped template's group
+    # table), right after the TMEM address word.
+    table = sum(p.index_tables * (i.limit + 1) * 4 for i in FAMILIES[config.family].indices)
+    dynamic, operand_end = storage_layout(barriers + table, a, b, epi, align, scales)
+    return SmemUse(barriers, a, b, epi, dynamic, p.static_smem_bytes, operand_end, scales, table)
 
 
 def smem_budget(facts: PipelineFacts, p: Tcgen05Parameters | None) -> tuple[int, str]:

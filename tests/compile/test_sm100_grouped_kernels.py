@@ -1,0 +1,187 @@
+"""The tcgen05 grouped template (templates/sm100_grouped.py.j2) compiles for every Blackwell-family
+target into what its plan says, and its host launch path launches what the validator derived.
+
+No Blackwell or Rubin part has run these kernels: this census and the recorded launches are what
+verifies them. Five kernels, each for one target: the contiguous layout (bf16 K-major B, bf16
+N-major B with A multicast along a 1x2 cluster, fp8) and the masked one (bf16, and fp8 on the sm107
+pipeline's 64-byte K). Per kernel:
+
+* the MMA kind (UTCHMMA for 16-bit operands, UTCQMMA for 8-bit ones), never a .2CTA form (one CTA
+  along M: rule GROUPED-CLUSTER-M), ``k_blocks`` of them per K slice: the pipeline's MMA K width;
+* TMA loads and stores, no local memory, shared memory the plan modelled (its group table
+  included) within the budget, registers within the facts, the exact target;
+* the group's last, partial tile is stored from registers (STG; the dense tcgen05 kernels store
+  only through TMA: 0 STG in gemm_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c1x1 for sm_100a), and the
+  group table is read from global memory (one LDG per 32 groups);
+* launched through the driver (the recording stand-in of test_launch_record.py) with grid
+  (1, cluster_n, min(work-item bound, resident clusters)), the bound being what the host can count
+  without reading ``offs``/``masked_m`` (tilekiln/grouped.py, GroupedProblem.work_items), the
+  plan's 192 threads and dynamic shared memory, the cluster attribute and programmatic
+  serialization.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from builder.compile.cubin import compiled_for, disassemble
+from tests.compile.conftest import run_build
+from tests.compile.test_launch_record import (FUNC_MAX_DYNAMIC_SMEM, LAUNCH_CLUSTER_DIM, Launch, Recorded,
+                                              link_recording_library, recorded_launch)
+from tests.fixture_catalogs import make_project
+from tilekiln._tensors import Operand
+from tilekiln.grouped import MAX_GROUPS, launch_grouped, make_grouped_problem, make_masked_problem, plan_grouped
+
+pytestmark = pytest.mark.compile
+
+SM100 = """pipeline: sm100
+targets: [sm_100a]
+defaults:
+  family: grouped
+  dtypes: {a: bf16, b: bf16, acc: f32, c: bf16}
+  layout: tn
+kernels:
+  - tile: [128, 256, 64]
+    cluster: [1, 1]
+    targets: [sm_100a]
+  - tile: [128, 128, 64]
+    cluster: [1, 2]
+    layout: tt
+    targets: [sm_100f]
+  - family: grouped_masked
+    tile: [128, 128, 64]
+    cluster: [1, 1]
+    targets: [sm_103a]
+  - dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}
+    tile: [128, 256, 128]
+    cluster: [1, 1]
+    targets: [sm_103a]
+"""
+SM107 = """pipeline: sm107
+targets: [sm_107a]
+defaults:
+  family: grouped_masked
+  dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}
+  layout: tn
+kernels:
+  - tile: [128, 128, 128]
+    cluster: [1, 1]
+"""
+KERNELS = {
+    "grouped_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c1x1": "sm_100a",
+    "grouped_sm100_bf16_bf16_f32_bf16_tt_128x128x64_c1x2": "sm_100f",
+    "grouped_masked_sm100_bf16_bf16_f32_bf16_tn_128x128x64_c1x1": "sm_103a",
+    "grouped_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1": "sm_103a",
+    "grouped_masked_sm107_e4m3_e4m3_f32_bf16_tn_128x128x128_c1x1": "sm_107a",
+}
+MMA_BY_BITS = {16: "UTCHMMA", 8: "UTCQMMA"}
+MMA_OPCODES = ("UTCHMMA", "UTCQMMA", "UTCOMMA", "UTCIMMA")
+STORES = re.compile(r"\bSTG\.E(?:\.[A-Z0-9]+)*\b")
+LOADS = re.compile(r"\bLDG\.E(?:\.[A-Z0-9]+)*\b")
+# (total_M or M_max, N, K, G): decode-sized, ragged, large with many groups, one group.
+PROBLEMS = ((16, 4096, 4096, 8), (1008, 1040, 528, 3), (8192, 1536, 2048, 128), (300, 256, 128, 1))
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    base = tmp_path_factory.mktemp("sm100_grouped")
+    files = []
+    for name, text in (("sm100.yaml", SM100), ("sm107.yaml", SM107)):
+        files.append(base / name)
+        files[-1].write_text(text)
+    result = run_build(make_project(base / "project", files), base / "artifacts", base / "cache", jobs=2)
+    assert result.ok, [r.error for b in result.bundles for r in b.failed]
+    return result
+
+
+@pytest.fixture(scope="module")
+def records(build):
+    return {r.kernel_id: (b, r) for b in build.bundles for r in b.records}
+
+
+def test_the_catalog_builds_each_kernel_for_its_target(records):
+    assert {kid: b.arch for kid, (b, _) in records.items()} == KERNELS
+
+
+@pytest.mark.parametrize("kernel_id", sorted(KERNELS))
+def test_kernel_compiles_to_the_mma_its_plan_names(records, kernel_id):
+    bundle, record = records[kernel_id]
+    cfg, plan = record.ctx.entry.config, record.ctx.plan
+    assert record.ctx.template.name == "sm100_grouped"
+    assert record.status == "compiled" and compiled_for(record.cubin) == KERNELS[kernel_id]
+    mma = MMA_BY_BITS[cfg.mma_dtypes.a.bits]
+    assert record.info.count(mma) == plan.k_blocks == plan.cta_k_bytes // plan.mma_k_bytes, dict(record.info.census)
+    assert all(record.info.count(op) == 0 for op in MMA_OPCODES if op != mma)
+    sass = disassemble(record.cubin)
+    assert set(re.findall(r"\b(UTC[A-Z]MMA(?:\.[A-Z0-9_]+)*)\b", sass)) == {mma}
+    assert record.info.count("UTMALDG") > 0 and record.info.count("UTMASTG") > 0
+    # The partial tile's predicated stores, and the group table's reads of offs / masked_m.
+    assert STORES.search(sass) and LOADS.search(sass)
+    assert not record.info.spills and record.info.local_bytes == 0 and record.info.stack_bytes == 0
+    assert record.info.count("LDL") == 0 and record.info.count("STL") == 0
+    facts = record.ctx.facts
+    assert record.info.registers <= facts.require("max_registers_per_thread")
+    assert record.info.registers * plan.threads <= facts.require("registers_per_sm")
+    assert record.info.static_smem_bytes == plan.smem.static_bytes
+    # Row ends and item ends: two int32 tables of one more entry than the most groups.
+    assert plan.smem.table_bytes == 2 * (MAX_GROUPS + 1) * 4
+    assert plan.smem.total <= plan.smem_budget
+
+
+def test_the_sm107_pipeline_issues_the_64_byte_k_mma(records):
+    """Two UTCQMMAs per 128-byte K slice where the sm100 pipeline's fp8 kernel issues four."""
+    _, k64 = records["grouped_masked_sm107_e4m3_e4m3_f32_bf16_tn_128x128x128_c1x1"]
+    _, k32 = records["grouped_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1"]
+    assert (k64.ctx.plan.mma_k_bytes, k32.ctx.plan.mma_k_bytes) == (64, 32)
+    assert (k64.info.count("UTCQMMA"), k32.info.count("UTCQMMA")) == (2, 4)
+
+
+def test_every_grouped_kernel_launches_as_its_plan_says(build, tmp_path):
+    launched = set()
+    for bundle in build.bundles:
+        recorded = Recorded(bundle, link_recording_library(bundle, tmp_path / "lib"), tmp_path)
+        for kernel_id, record in recorded.records.items():
+            ctx = record.ctx
+            cfg, plan = ctx.entry.config, ctx.plan
+            recorded.configure(record.info.static_smem_bytes, ctx.facts.require("smem_per_block_optin"))
+            dtype = cfg.dtypes.a.value
+            scaled = dtype == "e4m3"
+            masked = cfg.family == "grouped_masked"
+            cluster_tiles_n = lambda n: math.ceil(math.ceil(n / cfg.tile.n) / cfg.cluster.n)  # noqa: E731
+            events_before = len(recorded.events())
+            for m, n, k, groups in PROBLEMS:
+                # K-major B is nn.Linear's (G, N, K) weights transposed; N-major B a contiguous (G, K, N).
+                b_strides = (n * k, 1, k) if cfg.layout.b_k_major else (n * k, n, 1)
+                b = Operand("b", (groups, k, n), b_strides, dtype, 0x7F1000000000, 0, None)
+                rows = Operand("rows", (groups,), (1,), "i32", 0x7F3000000000, 0, None)
+                if masked:
+                    a = Operand("a", (groups, m, k), (m * k, k, 1), dtype, 0x7F0000000000, 0, None)
+                    out = Operand("out", (groups, m, n), (m * n, n, 1), "bf16", 0x7F2000000000, 0, None)
+                    problem = make_masked_problem(a, b, rows, out, scaled)
+                    bound = math.ceil(m / cfg.tile.m) * groups * cluster_tiles_n(n)
+                else:
+                    a = Operand("a", (m, k), (k, 1), dtype, 0x7F0000000000, 0, None)
+                    out = Operand("out", (m, n), (n, 1), "bf16", 0x7F2000000000, 0, None)
+                    problem = make_grouped_problem(a, b, rows, out, scaled)
+                    bound = (math.ceil(m / cfg.tile.m) + groups) * cluster_tiles_n(n)
+                grouped = plan_grouped(recorded.bundle, problem, kernel_id)
+                kernel = next(kr for kr in recorded.bundle.kernels if kr.id == kernel_id)
+                resident = recorded.bundle.resident_clusters(kernel, 0)
+                before = len(recorded.events())
+                launch_grouped(recorded.bundle, grouped, a.ptr, b.ptr, out.ptr, rows.ptr, 0,
+                               0x7F4000000000 if scaled else 0, 0x7F5000000000 if scaled else 0)
+                (launch,) = [e for e in recorded.events()[before:] if e["event"] == "launch"]
+                assert launch["path"] == "driver", launch
+                expected = Launch((1, cfg.cluster.n, max(1, min(bound, resident))), (plan.threads, 1, 1),
+                                  plan.smem.dynamic_bytes, (1, cfg.cluster.n, 1), 1)
+                assert recorded_launch(launch) == expected, (kernel_id, m, n, k, groups)
+                assert LAUNCH_CLUSTER_DIM in {attr["id"] for attr in launch["attributes"]}
+            attributes = {e["attribute"]: e["value"] for e in recorded.events()[events_before:]
+                          if e["event"] == "kernel_attribute"}
+            budget = plan.smem_budget - ctx.template.manifest.parameters.static_smem_bytes
+            assert attributes[FUNC_MAX_DYNAMIC_SMEM] == budget >= plan.smem.dynamic_bytes, kernel_id
+            launched.add(kernel_id)
+    assert launched == set(KERNELS)
