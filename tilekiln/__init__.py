@@ -214,7 +214,9 @@ def scaled_gemm(a, b, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, 
     ``a`` and ``b`` packed two per byte (torch.float4_e2m1fn_x2; ``a`` (M, K/2) row-major, ``b``
     (K/2, N) the transpose of a (N, K/2) weight), K in elements a multiple of 64 (nvfp4: e4m3 scales,
     float8_e4m3fn, one per 16) or 128 (mxfp4: e8m0 per 32), scales blocked as above
-    (``tilekiln.blockscaled.quantize_operand(x, name)`` packs and scales). ``bias``: None or a
+    (``tilekiln.blockscaled.quantize_operand(x, name)`` packs and scales). ``"fp4-e5m3-b32"`` (the
+    Rubin bundle only): as mxfp4 with unsigned e5m3 scales per 32, passed as uint8 codes (torch has
+    no e5m3 dtype; ``tilekiln.blockscaled.e5m3_codes``). ``bias``: None or a
     contiguous (N,) tensor of the result's type or float32, added after the scales, fused where a
     kernel adds it (else by torch; ``explain`` says which).
     ``out_dtype=torch.float8_e4m3fn`` (per-tensor or row-wise scales, no bias): the result for the

@@ -1,4 +1,4 @@
-"""Block-scaled formats (mxfp8, nvfp4, mxfp4): a CPU float64 reference of each, the scale-factor
+"""Block-scaled formats (mxfp8, nvfp4, mxfp4, fp4-e5m3-b32): a CPU float64 reference of each, the scale-factor
 layout the tcgen05 block-scaled MMA reads, and the checks of a ``scaled_gemm`` call's scales.
 
 A block-scaled operand is a matrix of narrow elements and one scale factor per ``block``
@@ -6,7 +6,9 @@ consecutive elements of a row along K (tilekiln/spec.py, BLOCK_SCALE_FORMATS):
 
 * mxfp8 (OCP MX): e4m3 elements, an e8m0 (power-of-two) scale per 32;
 * mxfp4 (OCP MX): e2m1 elements, an e8m0 scale per 32;
-* nvfp4: e2m1 elements, an e4m3 scale per 16.
+* nvfp4: e2m1 elements, an e4m3 scale per 16;
+* fp4-e5m3-b32 (SM 10.7 only): e2m1 elements, an unsigned e5m3 scale per 32. torch has no e5m3
+  dtype, so these scales are uint8 tensors of the codes (:func:`e5m3_codes`, :func:`e5m3_values`).
 
 The value of element (r, k) is ``element * scale[r, k // block]``. Scales are made row-major,
 (rows, K / block); the kernels read them in the hardware's layout (docs/runtime.md), which
@@ -42,10 +44,17 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _MAX = {"e4m3": 448.0, "e2m1": 6.0}
 _EMAX = {"e4m3": 8, "e2m1": 2}
 E8M0_BIAS = 127
+# Unsigned e5m3 (the DSL's FloatNV8E5M3FNU, MLIR fnv8E5M3FNU): 5 exponent bits biased by 15, 3
+# mantissa bits, subnormals below 2**-14, code 0xFF NaN and no infinity, so the largest value is
+# code 0xFE, 1.75 * 2**16. Measured with MLIR's own semantics of the type in the pinned DSL
+# (ir.DenseElementsAttr of each code): 0x01 = 2**-17, 0x08 = 2**-14, 0x78 = 1, 0x79 = 1.125,
+# 0xF8 = 2**16, 0xFE = 114688, 0xFF = NaN.
+E5M3_BIAS, E5M3_MAX_CODE, E5M3_NAN = 15, 0xFE, 0xFF
 
 # The formats scaled_gemm takes (all of spec.py's): e4m3 elements as torch.float8_e4m3fn, e2m1
 # elements packed two per byte as torch.float4_e2m1fn_x2 (:func:`pack_operand`).
 RUNTIME_BLOCK_FORMATS = tuple(BLOCK_SCALE_FORMATS)
+_SCALE_DTYPES = {"e8m0": torch.float8_e8m0fnu, "e4m3": torch.float8_e4m3fn, "e5m3": torch.uint8}
 
 
 def format_of(name: str):
@@ -57,8 +66,8 @@ def format_of(name: str):
 
 
 def scale_dtype(name: str) -> torch.dtype:
-    """The torch dtype of ``name``'s scale factors."""
-    return torch.float8_e8m0fnu if format_of(name).scale.scale.value == "e8m0" else torch.float8_e4m3fn
+    """The torch dtype of ``name``'s scale factors (uint8 codes for e5m3, which torch lacks)."""
+    return _SCALE_DTYPES[format_of(name).scale.scale.value]
 
 
 # -- element and scale encodings ------------------------------------------------------------------
@@ -107,9 +116,36 @@ def e8m0_values(scales: torch.Tensor) -> torch.Tensor:
     return torch.where(bits == 255, torch.nan, torch.exp2(bits - E8M0_BIAS))
 
 
+def e5m3_values(codes: torch.Tensor) -> torch.Tensor:
+    """The float64 values of uint8 unsigned-e5m3 codes (:data:`E5M3_BIAS`)."""
+    bits = codes.view(torch.uint8).to(torch.int64)
+    exponent, mantissa = bits >> 3, (bits & 7).to(torch.float64)
+    normal = (1 + mantissa / 8) * torch.exp2((exponent - E5M3_BIAS).to(torch.float64))
+    subnormal = mantissa / 8 * 2.0 ** (1 - E5M3_BIAS)
+    return torch.where(bits == E5M3_NAN, torch.nan, torch.where(exponent == 0, subnormal, normal))
+
+
+# Every e5m3 value but NaN, ascending with the code.
+_E5M3_TABLE = e5m3_values(torch.arange(E5M3_MAX_CODE + 1, dtype=torch.uint8))
+
+
+def e5m3_codes(x: torch.Tensor) -> torch.Tensor:
+    """Non-negative ``x`` rounded up to the next e5m3 value (saturating at 114688) as uint8 codes.
+    Up, as the DSL converts to e5m3 scale factors (cvt with rounding to +inf, nvvm_wrappers
+    cvt_f32x4_to_fnv8e5m3x4), so a block's largest element never exceeds e2m1's 6 after scaling."""
+    if (x < 0).any():
+        raise ValueError("x: e5m3 scale factors are unsigned; got a negative value")
+    table = _E5M3_TABLE.to(x.device)
+    codes = torch.searchsorted(table, x.double().contiguous(), right=False)
+    return codes.clamp(max=E5M3_MAX_CODE).to(torch.uint8)
+
+
 def _scale_values(name: str, scales: torch.Tensor) -> torch.Tensor:
-    if format_of(name).scale.scale.value == "e8m0":
+    scale = format_of(name).scale.scale.value
+    if scale == "e8m0":
         return e8m0_values(scales)
+    if scale == "e5m3":
+        return e5m3_values(scales)
     return scales.to(torch.float64)
 
 
@@ -122,8 +158,10 @@ def quantize(x: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     MX formats (OCP MX 1.0): a block's scale is 2**(floor(log2(amax)) - emax) of its largest
     magnitude amax (2**-127 for an all-zero block), and each element is x / scale rounded to
     the element type, saturating. nvfp4: the scale is amax / 6 rounded to e4m3, and each element
-    x / scale rounded to e2m1 (0 where the scale is 0). Elements: float8_e4m3fn (mxfp8) or uint8
-    e2m1 codes; scales: float8_e8m0fnu or float8_e4m3fn, (…, K / block) row-major."""
+    x / scale rounded to e2m1 (0 where the scale is 0). fp4-e5m3-b32: the scale is amax / 6 rounded
+    up to e5m3 (:func:`e5m3_codes`), the elements as nvfp4's. Elements: float8_e4m3fn (mxfp8) or
+    uint8 e2m1 codes; scales: float8_e8m0fnu, float8_e4m3fn or uint8 e5m3 codes, (…, K / block)
+    row-major."""
     fmt = format_of(name)
     block, data = fmt.scale.block, fmt.data.value
     if x.shape[-1] % block:
@@ -135,6 +173,9 @@ def quantize(x: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         exp = exp.clamp(-E8M0_BIAS, E8M0_BIAS)
         scales = e8m0(exp)
         scale_values = torch.exp2(exp)
+    elif fmt.scale.scale.value == "e5m3":
+        scales = e5m3_codes(amax / _MAX[data])
+        scale_values = e5m3_values(scales)
     else:
         scales = (amax / _MAX[data]).clamp(max=_MAX["e4m3"]).to(torch.float8_e4m3fn)
         scale_values = scales.to(torch.float64)

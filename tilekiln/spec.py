@@ -282,11 +282,14 @@ class BlockScaleFormat:
 
 
 # The block-scaled formats (tilekiln/blockscaled.py; scaled_gemm's scale_format): OCP MX mxfp8 and
-# mxfp4 (a power-of-two e8m0 scale per 32 elements) and NVIDIA's nvfp4 (an e4m3 scale per 16).
+# mxfp4 (a power-of-two e8m0 scale per 32 elements), NVIDIA's nvfp4 (an e4m3 scale per 16), and
+# fp4 with an unsigned e5m3 scale per 32, which only SM 10.7 has (named as the block_scale_combos
+# of catalog/hardware/sm107.yaml name it).
 BLOCK_SCALE_FORMATS = {
     "mxfp8": BlockScaleFormat(DType("e4m3"), BlockScale(DType("e8m0"), 32)),
     "nvfp4": BlockScaleFormat(DType("e2m1"), BlockScale(DType("e4m3"), 16)),
     "mxfp4": BlockScaleFormat(DType("e2m1"), BlockScale(DType("e8m0"), 32)),
+    "fp4-e5m3-b32": BlockScaleFormat(DType("e2m1"), BlockScale(DType("e5m3"), 32)),
 }
 # The element types of the block-scaled formats (a block-scaled call's inputs besides SCALED_INPUTS).
 BLOCK_SCALED_INPUTS = tuple(dict.fromkeys(f.data.value for f in BLOCK_SCALE_FORMATS.values()))

@@ -115,6 +115,7 @@ class FactsBody(YamlModel):
     mma_n_2cta: Fact[IntRange] | None = None
     mma_n_step_mn_major_8bit: Fact[dict[int, StrictInt]] | None = None
     mma_k_bytes: Fact[StrictInt] | None = None
+    mma_target_kinds: Fact[list[Literal["a", "f"]]] | None = None
     cta_k_bytes_max: Fact[StrictInt] | None = None
     cta_k_bytes_fixed: Fact[StrictInt] | None = None
     smem_per_block_optin: Fact[StrictInt] | None = None

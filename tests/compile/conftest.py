@@ -88,8 +88,8 @@ FP4_KERNELS = {
 }
 
 # The sm107 pipeline's block-scaled kernels (the 64-byte-K MMA): catalog/gemm/sm107_blockscaled.yaml's
-# mxfp8 128x256 (1-CTA and a CTA pair) and mxfp4, and an fp4 kernel with e5m3 scales, which only SM
-# 10.7 has (census only: no scale_format names that format).
+# mxfp8 128x256 (1-CTA and a CTA pair) and mxfp4, and the fp4 kernel with e5m3 scales, which only SM
+# 10.7 has (scale_format "fp4-e5m3-b32").
 SM107_BLOCKSCALED_KERNELS = {
     "gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_sfe8m0x32": (
         "sm_107a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
@@ -105,10 +105,23 @@ SM107_BLOCKSCALED_KERNELS = {
                    "    tile: [128, 256, 256]\n    cluster: [1, 1]"),
 }
 
+# The sm103 pipeline's block-scaled fp4 kernels (the 48-byte-K MMA, CTA K fixed at 384 bytes):
+# catalog/gemm/sm103_blockscaled.yaml's nvfp4 and mxfp4 kernels.
+SM103_BLOCKSCALED_KERNELS = {
+    "gemm_sm103_e2m1_e2m1_f32_bf16_tn_128x128x768_c1x1_sfe4m3x16": (
+        "sm_103a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}\n    block_scale: {scale: e4m3, block: 16}\n"
+                   "    tile: [128, 128, 768]\n    cluster: [1, 1]"),
+    "gemm_sm103_e2m1_e2m1_f32_bf16_tn_128x128x768_c1x1_sfe8m0x32": (
+        "sm_103a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
+                   "    tile: [128, 128, 768]\n    cluster: [1, 1]"),
+}
+
 
 def tcgen05_catalog(pipeline: str, kernels: dict[str, tuple[str, str]] = TCGEN05_KERNELS) -> str:
+    # The catalog's default target, one its pipeline has; each kernel names its own.
+    target = "sm_103a" if pipeline == "sm103" else "sm_107a"
     return f"""pipeline: {pipeline}
-targets: [sm_107a]
+targets: [{target}]
 defaults:
   dtypes: {{a: bf16, b: bf16, acc: f32, c: bf16}}
   layout: tn
@@ -156,6 +169,13 @@ def sm107_blockscaled_build(tmp_path_factory):
     """SM107_BLOCKSCALED_KERNELS built into the sm107a bundle."""
     return _build_catalogs(tmp_path_factory, "sm107-blockscaled",
                            {"sm107.yaml": tcgen05_catalog("sm107", SM107_BLOCKSCALED_KERNELS)})
+
+
+@pytest.fixture(scope="session")
+def sm103_blockscaled_build(tmp_path_factory):
+    """SM103_BLOCKSCALED_KERNELS built into the sm103a bundle."""
+    return _build_catalogs(tmp_path_factory, "sm103-blockscaled",
+                           {"sm103.yaml": tcgen05_catalog("sm103", SM103_BLOCKSCALED_KERNELS)})
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ arch; the int8 gate by compiling the template.
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 
@@ -181,6 +182,49 @@ def test_sm103_mma_k_and_shapes(dsl):
     assert facts.require("cta_k_bytes_fixed") % facts.require("mma_k_bytes") == 0
     assert seen["shapes"][1] == (facts.require("mma_m_block_scaled_1cta"), _range(facts.require("mma_n")))
     assert seen["shapes"][2] == (facts.require("mma_m_block_scaled_2cta"), _range(facts.require("mma_n_2cta")))
+
+
+def test_sm103_mma_builds_for_the_target_kinds_the_facts_name(dsl):
+    """mma_target_kinds: the DSL builds SM 10.3's 48-byte-K MMA for sm_103a and refuses sm_103f."""
+    cutlass, cute = dsl
+    from cutlass.cute.nvgpu import tcgen05
+
+    facts = FACTS.pipeline("sm103")
+    kinds = facts.require("mma_target_kinds")
+
+    def record():
+        op = tcgen05.SM103MmaMXF4Op((128, 128), tcgen05.CtaGroup.ONE, tcgen05.OperandSource.SMEM)
+        cute.make_tiled_mma(cute.make_mma_atom(op))
+        return {}
+
+    for target in facts.targets:
+        assert _accepts(lambda: _probe(cute, target.name, record)) == (target.kind in kinds), target.name
+
+
+def test_the_pinned_cuda_cannot_request_the_oversized_carveout():
+    """smem_oversized_carveout (sm107) is a budget no generated launch may claim, and this is why.
+
+    The DSL's generated load sets cudaFuncAttributeMaxDynamicSharedMemorySize to the device's
+    cudaDevAttrMaxSharedMemoryPerBlockOptin less the kernel's static shared memory (what
+    tests/compile/test_launch_record.py records; on SM 10.7 the opt-in limit is the 227 KiB default
+    carveout). A request beyond it would have to go through the same attribute, which the pinned
+    CUDA runtime documents as bounded by the opt-in limit (cudaErrorInvalidValue past it), and the
+    pinned headers name no oversized shared-memory attribute: their device attributes end at 147,
+    and the oversized one FROST queries is ordinal 150, new in CUDA 13.4. So no template sets
+    ``oversized_smem_launch`` and SMEM-CARVEOUT refuses a config that would need the carveout.
+    Once the toolchain names the attribute this test fails: then implement the request."""
+    from builder.compile.toolchain import toolchain
+    from builder.load.templates import load_templates
+
+    include = toolchain().cuda_include
+    runtime_api = (include / "cuda_runtime_api.h").read_text()
+    headers = "".join((include / name).read_text() for name in ("cuda.h", "driver_types.h", "cuda_runtime_api.h"))
+    assert ("The sum of this value and the function attribute ::sharedSizeBytes\n *   cannot exceed the device "
+            "attribute ::cudaDevAttrMaxSharedMemoryPerBlockOptin") in runtime_api
+    assert "OVERSIZED_SHARED" not in headers and "OversizedShared" not in headers
+    assert re.search(r"cudaDevAttrOnlyPartialHostNativeAtomicSupported\s*=\s*147,[^\n]*\n\s*cudaDevAttrMax\b", headers)
+    templates = load_templates(ROOT / "templates")
+    assert not any(getattr(t.manifest.parameters, "oversized_smem_launch", False) for t in templates.templates)
 
 
 def test_sm107_mma_k_and_shapes(dsl):

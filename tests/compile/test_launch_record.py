@@ -224,6 +224,14 @@ def test_every_sm107_block_scaled_kernel_launches_as_its_plan_says(sm107_blocksc
     _check_launches(Recorded(result, link_recording_library(result, scratch / "lib"), scratch), FP4_PROBLEMS)
 
 
+def test_every_sm103_block_scaled_kernel_launches_as_its_plan_says(sm103_blockscaled_build, tmp_path_factory):
+    """The sm103 pipeline's 48-byte-K fp4 kernels (operands in elements, K of any multiple of 128:
+    a K-slice is 768 elements, and TMA zero-fills a slice past K)."""
+    scratch = tmp_path_factory.mktemp("recorded-sm103-blockscaled")
+    (result,) = sm103_blockscaled_build.bundles
+    _check_launches(Recorded(result, link_recording_library(result, scratch / "lib"), scratch), FP4_PROBLEMS)
+
+
 def test_a_launch_that_disagrees_with_its_plan_is_caught(recorded_bundles):
     """The comparison sees every field: another kernel's plan does not match this launch."""
     recorded = recorded_bundles["sm100a"]

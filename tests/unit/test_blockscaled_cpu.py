@@ -100,6 +100,45 @@ def test_nvfp4_scale_is_amax_over_6_in_e4m3():
     assert bs.dequantize(elements, scales, "nvfp4")[0, 0].item() == 6.75
 
 
+def test_e5m3_codes_are_unsigned_with_exponent_bias_15():
+    """The values MLIR's fnv8E5M3FNU gives each code in the pinned DSL (tilekiln/blockscaled.py)."""
+    codes = torch.tensor([0x00, 0x01, 0x07, 0x08, 0x78, 0x79, 0x80, 0xF8, 0xFE], dtype=torch.uint8)
+    assert bs.e5m3_values(codes).tolist() == [0.0, 2.0 ** -17, 7 * 2.0 ** -17, 2.0 ** -14, 1.0, 1.125, 2.0,
+                                              2.0 ** 16, 114688.0]
+    assert bs.e5m3_values(torch.tensor([0xFF], dtype=torch.uint8)).isnan().all()
+
+
+def test_e5m3_rounds_up_and_saturates():
+    x = torch.tensor([0.0, 1.0, 1.01, 1.125, 2.0 ** -17, 3e-6, 114688.0, 1e9], dtype=torch.float64)
+    assert bs.e5m3_codes(x).tolist() == [0x00, 0x78, 0x79, 0x79, 0x01, 0x01, 0xFE, 0xFE]
+    with pytest.raises(ValueError, match="unsigned"):
+        bs.e5m3_codes(torch.tensor([-1.0]))
+
+
+def test_fp4_e5m3_scale_is_amax_over_6_rounded_up_so_nothing_saturates():
+    # amax 7: 7 / 6 = 1.1667 rounds up to e5m3 1.25; 7 / 1.25 = 5.6 -> 6, dequantized 7.5.
+    x = torch.zeros(1, 32, dtype=torch.float64)
+    x[0, :3] = torch.tensor([7.0, 2.5, -1.0])
+    elements, scales = bs.quantize(x, "fp4-e5m3-b32")
+    assert scales.dtype == torch.uint8 and scales.tolist() == [[0x7A]]
+    assert bs.e5m3_values(scales).tolist() == [[1.25]]
+    assert bs.dequantize(elements, scales, "fp4-e5m3-b32")[0, :3].tolist() == [7.5, 2.5, -1.25]
+
+
+def test_fp4_e5m3_scales_are_uint8_codes_in_the_blocked_layout():
+    a, b, sa, sb, _ = _fp4_operands("fp4-e5m3-b32")
+    bs.check_block_scales(a, b, sa, sb, "fp4-e5m3-b32")
+    assert sa.dtype == torch.uint8 == bs.scale_dtype("fp4-e5m3-b32")
+    with pytest.raises(ValueError, match=r"scale_a: dtype torch\.float8_e4m3fn, not torch\.uint8"):
+        bs.check_block_scales(a, b, sa.view(torch.float8_e4m3fn), sb, "fp4-e5m3-b32")
+
+
+def test_an_fp4_e5m3_call_asks_for_the_e5m3_block_scale():
+    assert bs.block_request("fp4-e5m3-b32") == (("block_scale", "sfe5m3x32"),)
+    assert bs.requested_format(bs.block_request("fp4-e5m3-b32"), torch.float4_e2m1fn_x2) == "fp4-e5m3-b32"
+    assert bs.requested_format(bs.block_request("mxfp4"), torch.float4_e2m1fn_x2) == "mxfp4"
+
+
 @pytest.mark.parametrize("name", sorted(BLOCK_SCALE_FORMATS))
 def test_quantization_error_is_within_half_an_element_step(name):
     g = torch.Generator().manual_seed(7)
@@ -260,8 +299,9 @@ def test_a_bundle_without_block_scaled_kernels_refuses_with_the_arch_message(tmp
 def test_scale_format_names_the_block_scaled_formats():
     from tilekiln.blockwise import scale_format_token
 
-    assert [scale_format_token(name) for name in ("mxfp8", "nvfp4", "mxfp4")] == ["mxfp8", "nvfp4", "mxfp4"]
-    with pytest.raises(ValueError, match="'tensor', 'rowwise', 'blockwise', 'mxfp8', 'nvfp4', 'mxfp4'"):
+    names = ("mxfp8", "nvfp4", "mxfp4", "fp4-e5m3-b32")
+    assert [scale_format_token(name) for name in names] == list(names)
+    with pytest.raises(ValueError, match="'tensor', 'rowwise', 'blockwise', 'mxfp8', 'nvfp4', 'mxfp4', 'fp4-e5m3-b32'"):
         scale_format_token("mx")
 
 

@@ -44,12 +44,19 @@ def test_rubin_fp8_kernels_use_the_64_byte_mma_k_and_only_rubin_gets_them():
         assert all(c.entry.config.pipeline == "sm100" and c.plan.mma_k_bytes == 32 for c in fp8[target]), target
 
 
-def test_family_and_b300_bundles_hold_only_sm100_pipeline_kernels():
-    """sm_100f cubins also run on SM 10.3 and 10.7, so they use no instruction of a later minor."""
+def test_family_bundle_holds_only_sm100_pipeline_kernels_and_b300_adds_the_48_byte_k():
+    """sm_100f cubins also run on SM 10.3 and 10.7, so they use no instruction of a later minor;
+    sm_103a holds kernels sm_100a does not: the sm103 pipeline's fp4 kernels with the 48-byte K."""
     targets = by_target()
-    for target in ("sm_100f", "sm_103a"):
-        assert {c.entry.config.pipeline for c in targets[target]} == {"sm100"}, target
+    assert {c.entry.config.pipeline for c in targets["sm_100f"]} == {"sm100"}
+    assert {c.entry.config.pipeline for c in targets["sm_103a"]} == {"sm100", "sm103"}
     assert {c.entry.config.pipeline for c in targets["sm_107a"]} == {"sm100", "sm107"}
+    sm103 = [c for c in targets["sm_103a"] if c.entry.config.pipeline == "sm103"]
+    assert sm103 and all(c.entry.config.dtypes.a.value == "e2m1" and c.entry.config.block_scale is not None
+                         and c.plan.mma_k_bytes == 48 and c.plan.cta_k_bytes == 384 and c.plan.k_blocks == 8
+                         for c in sm103)
+    ids = {t: {c.entry.kernel_id for c in kernels} for t, kernels in targets.items()}
+    assert ids["sm_103a"] - ids["sm_100a"] == {c.entry.kernel_id for c in sm103}
 
 
 def test_rubin_block_scaled_kernels_use_the_64_byte_mma_k_except_nvfp4():
@@ -58,14 +65,17 @@ def test_rubin_block_scaled_kernels_use_the_64_byte_mma_k_except_nvfp4():
     formats = {t: {(c.entry.config.dtypes.a.value, c.entry.config.block_scale.scale.value,
                     c.entry.config.block_scale.block) for c in kernels} for t, kernels in scaled.items()}
     everything = {("e4m3", "e8m0", 32), ("e2m1", "e4m3", 16), ("e2m1", "e8m0", 32)}
-    assert formats["sm_100a"] == formats["sm_103a"] == formats["sm_107a"] == everything
+    assert formats["sm_100a"] == formats["sm_103a"] == everything
+    # e5m3 scale factors exist on SM 10.7 only (DTYPE-ARCH).
+    assert formats["sm_107a"] == everything | {("e2m1", "e5m3", 32)}
     for ctx in scaled["sm_107a"]:
         nvfp4 = ctx.entry.config.block_scale.block == 16
         assert ctx.entry.config.pipeline == ("sm100" if nvfp4 else "sm107"), ctx.entry.config
         assert ctx.plan.mma_k_bytes == (32 if nvfp4 else 64) and ctx.plan.k_blocks == ctx.plan.cta_k_bytes // (
             ctx.plan.mma_k_bytes)
-    for target in ("sm_100a", "sm_103a"):
-        assert all(c.entry.config.pipeline == "sm100" and c.plan.mma_k_bytes == 32 for c in scaled[target]), target
+    assert all(c.entry.config.pipeline == "sm100" and c.plan.mma_k_bytes == 32 for c in scaled["sm_100a"])
+    assert all((c.entry.config.pipeline, c.plan.mma_k_bytes) in {("sm100", 32), ("sm103", 48)}
+               for c in scaled["sm_103a"])
 
 
 def test_every_blackwell_family_bundle_holds_grouped_kernels_of_both_layouts():

@@ -28,7 +28,12 @@ A block-scaled kernel (``templates/sm100_blockscaled.py.j2``) also holds one
 stage's scale factors of A and B in tensor memory, copied there from shared
 memory before its MMAs read them: per MMA instruction along K, one column per
 32 rows of A and per 32 of B's rows rounded up to a whole 128-row atom
-(``block_scale_atom_rows``; the DSL's ``make_tmem_layout_sfa/sfb``). Its
+(``block_scale_atom_rows``; the DSL's ``make_tmem_layout_sfa/sfb``). The
+48-byte MMA of sm103 (``templates/sm103_blockscaled.py.j2``) reads 6 or 3
+blocks, across atoms, so the stage's factors are resident as whole atoms
+instead: the same per 4 blocks (``block_scale_atom_k_blocks``) of the stage
+(measured: 128x128x768 nvfp4, 24 tcgen05.cp atom copies and SFB at column
+offset 48 of SFA's start, as the DSL's ``find_tmem_tensor_col_offset`` says). Its
 accumulator stages are the template's, fewer if they and the scale factors do
 not fit the columns together. Its ``Storage`` struct puts the scale-factor
 rings (SFA then SFB, one 512-byte atom per 128 rows and 4 scale blocks)
@@ -98,8 +103,13 @@ def tmem_scale_columns(config: KernelConfig, facts: PipelineFacts, k_blocks: int
     if config.block_scale is None:
         return 0
     rows = facts.require("block_scale_atom_rows")
+    atom_blocks = facts.require("block_scale_atom_k_blocks")
+    blocks_per_mma = facts.require("mma_k_bytes") * 8 // config.mma_dtypes.a.bits // config.block_scale.block
     t, lanes_per_column = config.tile, 32
-    return (t.m // lanes_per_column + align_up(t.n, rows) // lanes_per_column) * k_blocks
+    # Where an MMA's blocks lie within one atom, each MMA gets its own columns; where they span two
+    # (the 48-byte MMA's 6 or 3 blocks), the stage's factors stay resident as whole atoms.
+    units = k_blocks if atom_blocks % blocks_per_mma == 0 else math.ceil(t.k / config.block_scale.block / atom_blocks)
+    return (t.m // lanes_per_column + align_up(t.n, rows) // lanes_per_column) * units
 
 
 def tmem_allocation(columns: int, facts: PipelineFacts) -> int:

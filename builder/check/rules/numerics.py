@@ -27,7 +27,8 @@ def check_targets(ctx: KernelContext) -> Iterator[Diagnostic]:
 def check_template(ctx: KernelContext) -> Iterator[Diagnostic]:
     if ctx.template is None:
         # Block-scaled kernels have templates of their own (TemplateSet.serving).
-        kind = "block-scaled kernels of " if ctx.entry.config.block_scale is not None else ""
+        cfg = ctx.entry.config
+        kind = f"{'block-scaled ' if cfg.block_scale is not None else 'dense '}{cfg.family} kernels of "
         yield ctx.diag("TEMPLATE-SUPPORT", "pipeline", f"no template implements {kind}pipeline {ctx.facts.pipeline}; "
                        "the rules checked the config against its facts, but nothing can build it",
                        f"write templates/<name>.py.j2 with a manifest for pipeline {ctx.facts.pipeline}, "
@@ -39,6 +40,20 @@ def check_template(ctx: KernelContext) -> Iterator[Diagnostic]:
         yield ctx.diag("TEMPLATE-SUPPORT", field, f"template {ctx.template.name}: {reason}",
                        f"pick an offered value or extend the template and {ctx.template.manifest_file}",
                        template=ctx.template.name)
+
+
+@rule("MMA-TARGET-KIND", "the pipeline's MMA compiles for the kind (arch-specific or family) of every target")
+def check_mma_target_kind(ctx: KernelContext) -> Iterator[Diagnostic]:
+    if not ctx.facts.has("mma_target_kinds"):
+        return
+    kinds = ctx.facts.require("mma_target_kinds")
+    for name in ctx.entry.targets:
+        if name in ctx.facts.target_names and ctx.facts.target(name).kind not in kinds:
+            usable = [t for t in ctx.facts.target_names if ctx.facts.target(t).kind in kinds]
+            yield ctx.diag("MMA-TARGET-KIND", "targets", f"target {name!r} is an '{ctx.facts.target(name).kind}' target, "
+                           f"but pipeline {ctx.facts.pipeline}'s {ctx.facts.require('mma_k_bytes')}-byte-K MMA "
+                           f"compiles only for {'/'.join(repr(k) for k in kinds)} targets (mma_target_kinds)",
+                           f"use {', '.join(usable)}", target=name, mma_target_kinds=kinds)
 
 
 def _targets_outside(ctx: KernelContext, only_on: list[tuple[int, int]]) -> Iterator[tuple[str, list]]:
