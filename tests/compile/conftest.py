@@ -90,7 +90,7 @@ FP4_KERNELS = {
 # The tcgen05 dense template's fused epilogues (bias, row-wise fp8 scales), in bundles of their own:
 # a bf16 and an f32 bias on a CTA pair, a 64-row tile (the 16-lane TMEM layout) and a swapped decode
 # tile (the bias along the MMA's rows), row-wise scales on a pair, swapped with a bias, and with the
-# sm107 pipeline's 64-byte K.
+# sm107 pipeline's 64-byte K; SwiGLU on a pair.
 TCGEN05_EPILOGUE_KERNELS = {
     "gemm_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_2cta_biasbf16": (
         "sm_100a", "tile: [128, 256, 64]\n    cluster: [2, 1]\n    cta_group: 2\n    bias: bf16"),
@@ -104,6 +104,8 @@ TCGEN05_EPILOGUE_KERNELS = {
     "gemm_sm100_e4m3_e4m3_f32_bf16_tn_128x32x128_c2x1_swapab_rowwise_biasbf16": (
         "sm_100a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    scaling: rowwise\n"
                    "    tile: [128, 32, 128]\n    cluster: [2, 1]\n    swap_ab: true\n    bias: bf16"),
+    "gemm_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_2cta_swiglu": (
+        "sm_103a", "tile: [128, 256, 64]\n    cluster: [2, 1]\n    cta_group: 2\n    activation: swiglu"),
     "gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c2x1_2cta_rowwise": (
         "sm_107a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    scaling: rowwise\n"
                    "    tile: [128, 256, 128]\n    cluster: [2, 1]\n    cta_group: 2"),

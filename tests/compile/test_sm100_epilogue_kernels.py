@@ -1,5 +1,5 @@
-"""The tcgen05 dense template's fused epilogues: a per-column bias (bf16, f32) and row-wise fp8
-scales compile, for each Blackwell-family target, into the MMA kernel of the census
+"""The tcgen05 dense template's fused epilogues: a per-column bias (bf16, f32), row-wise fp8
+scales and SwiGLU compile, for each Blackwell-family target, into the MMA kernel of the census
 (tests/compile/test_sm100_kernels.py) plus predicated global loads of the bias and scales in the
 epilogue, with no local memory; and each kernel's host launch, with its bias and scale pointers,
 is what its plan says (the recording stand-in for the driver, tests/compile/test_launch_record.py).
@@ -22,6 +22,10 @@ pytestmark = pytest.mark.compile
 MMA_BY_BITS = {16: "UTCHMMA", 8: "UTCQMMA"}
 # A 16-bit global load for a bf16 bias, a 32-bit one (no width suffix) for an f32 bias or a scale.
 LOADS = re.compile(r"\bLDG\.E(\.U16)?(?:\.[A-Z0-9]+)*\b")
+
+
+# (M, N, K, batch) of the recorded launches: decode, odd M and K, a batch of 2, one tile.
+PROBLEMS = ((16, 4096, 4096, 1), (1008, 1024, 528, 1), (8192, 8192, 1024, 2), (128, 128, 128, 1))
 
 
 def _loads(sass: str) -> Counter:
@@ -62,9 +66,19 @@ def test_a_swapped_kernel_swaps_its_row_wise_scales_into_the_mmas_terms(records)
     assert "index = mma_row if cutlass.const_expr(SWAP_AB) else mma_col" in record.source
 
 
+def test_a_swiglu_kernel_stores_half_the_columns_of_its_mma_tile(records):
+    """silu's exponential is there, and the TMA stores cover the 128x128 C tile of a 128x256 MMA
+    tile: four 128x32 sub-tiles, where an ungated kernel of that tile stores eight."""
+    _, record = records["gemm_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_2cta_swiglu"]
+    plan = record.ctx.plan
+    assert "MUFU.EX2" in disassemble(record.cubin)
+    assert record.info.count("UTMASTG") == (128 // plan.epi_m) * (128 // plan.epi_n) == 4
+
+
 @pytest.mark.parametrize("bundle", ["sm100a", "sm100f", "sm103a", "sm107a"])
 def test_every_epilogue_kernel_launches_as_its_plan_says(tcgen05_epilogue_build, tmp_path_factory, bundle):
-    """Planned asking for its bias and scaling, launched with bias and scale pointers."""
+    """Planned asking for its bias, scaling and activation, launched with bias and scale pointers; N a
+    multiple of 128 (SwiGLU's whole gate/up block pairs: I = N/2 a multiple of 64)."""
     scratch = tmp_path_factory.mktemp(f"recorded-epilogue-{bundle}")
     (result,) = [b for b in tcgen05_epilogue_build.bundles if b.bundle == bundle]
-    _check_launches(Recorded(result, link_recording_library(result, scratch / "lib"), scratch))
+    _check_launches(Recorded(result, link_recording_library(result, scratch / "lib"), scratch), PROBLEMS)

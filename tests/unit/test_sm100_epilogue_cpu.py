@@ -1,6 +1,6 @@
 """A CC 10.0 device selects the tcgen05 dense kernels that fuse the requested epilogue (bias,
-row-wise fp8 scales), as the Hopper ones do, and leaves to torch what no kernel there computes
-(SwiGLU). No GPU: the bundle's device is a stand-in (tests/unit/test_grouped_cpu.py)."""
+row-wise fp8 scales, SwiGLU), as the Hopper ones do, and leaves to torch what no kernel there
+computes. No GPU: the bundle's device is a stand-in (tests/unit/test_grouped_cpu.py)."""
 
 from __future__ import annotations
 
@@ -62,3 +62,16 @@ def test_row_wise_scales_never_run_on_a_per_tensor_tcgen05_kernel(tmp_path):
     with FakeTensorMode():
         a8, w8 = torch.empty(4096, 2048, dtype=E4M3, device="cuda"), torch.empty(1536, 2048, dtype=E4M3, device="cuda")
         assert tilekiln.explain(a8, w8.t(), bundle=bundle, scale_format="rowwise").kernel is None
+
+
+def test_a_cc_10_device_runs_swiglu_on_the_gated_tcgen05_kernel(tmp_path):
+    """swiglu(x, w_gate_up): B's 2I rows interleave gate and up blocks; the gated kernel computes it,
+    and without one the ungated GEMM runs and torch pairs the columns."""
+    gated = tcgen05(kernel_record(6, "", (128, 256, 64), activation="swiglu"))
+    assert gated.id == "gemm_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c1x1_swiglu"
+    with FakeTensorMode():
+        x, w = torch.empty(4096, 2048, dtype=BF16, device="cuda"), torch.empty(3072, 2048, dtype=BF16, device="cuda")
+        choice = tilekiln.explain(x, w.t(), bundle=_blackwell_bundle(tmp_path, (PLAIN, gated)), activation="swiglu")
+        assert choice.kernel.id == gated.id and not choice.notes
+        choice = tilekiln.explain(x, w.t(), bundle=_blackwell_bundle(tmp_path, (PLAIN,)), activation="swiglu")
+        assert choice.kernel.id == PLAIN.id and "activation swiglu" in choice.notes[0]
