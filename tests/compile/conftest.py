@@ -87,6 +87,30 @@ FP4_KERNELS = {
                    "    tile: [128, 256, 256]\n    cluster: [2, 1]\n    cta_group: 2"),
 }
 
+# The tcgen05 dense template's fused epilogues (bias, row-wise fp8 scales), in bundles of their own:
+# a bf16 and an f32 bias on a CTA pair, a 64-row tile (the 16-lane TMEM layout) and a swapped decode
+# tile (the bias along the MMA's rows), row-wise scales on a pair, swapped with a bias, and with the
+# sm107 pipeline's 64-byte K; SwiGLU on a pair.
+TCGEN05_EPILOGUE_KERNELS = {
+    "gemm_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_2cta_biasbf16": (
+        "sm_100a", "tile: [128, 256, 64]\n    cluster: [2, 1]\n    cta_group: 2\n    bias: bf16"),
+    "gemm_sm100_bf16_bf16_f32_bf16_tn_64x128x64_c1x1_biasf32_gelutanh": (
+        "sm_100f", "tile: [64, 128, 64]\n    cluster: [1, 1]\n    bias: f32\n    activation: gelutanh"),
+    "gemm_sm100_bf16_bf16_f32_bf16_tn_128x32x64_c2x1_swapab_biasbf16": (
+        "sm_103a", "tile: [128, 32, 64]\n    cluster: [2, 1]\n    swap_ab: true\n    bias: bf16"),
+    "gemm_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c2x1_2cta_rowwise": (
+        "sm_100a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    scaling: rowwise\n"
+                   "    tile: [128, 256, 128]\n    cluster: [2, 1]\n    cta_group: 2"),
+    "gemm_sm100_e4m3_e4m3_f32_bf16_tn_128x32x128_c2x1_swapab_rowwise_biasbf16": (
+        "sm_100a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    scaling: rowwise\n"
+                   "    tile: [128, 32, 128]\n    cluster: [2, 1]\n    swap_ab: true\n    bias: bf16"),
+    "gemm_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_2cta_swiglu": (
+        "sm_103a", "tile: [128, 256, 64]\n    cluster: [2, 1]\n    cta_group: 2\n    activation: swiglu"),
+    "gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c2x1_2cta_rowwise": (
+        "sm_107a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    scaling: rowwise\n"
+                   "    tile: [128, 256, 128]\n    cluster: [2, 1]\n    cta_group: 2"),
+}
+
 # The sm107 pipeline's block-scaled kernels (the 64-byte-K MMA): catalog/gemm/sm107_blockscaled.yaml's
 # mxfp8 128x256 (1-CTA and a CTA pair) and mxfp4, and the fp4 kernel with e5m3 scales, which only SM
 # 10.7 has (scale_format "fp4-e5m3-b32").
@@ -156,6 +180,13 @@ def _build_catalogs(tmp_path_factory, name: str, catalogs: dict[str, str]):
 def tcgen05_build(tmp_path_factory):
     """TCGEN05_KERNELS built into the sm100a, sm100f, sm103a and sm107a bundles."""
     return _build_catalogs(tmp_path_factory, "tcgen05", {f"{p}.yaml": tcgen05_catalog(p) for p in ("sm100", "sm107")})
+
+
+@pytest.fixture(scope="session")
+def tcgen05_epilogue_build(tmp_path_factory):
+    """TCGEN05_EPILOGUE_KERNELS built into the sm100a, sm100f, sm103a and sm107a bundles."""
+    return _build_catalogs(tmp_path_factory, "tcgen05-epilogue",
+                           {f"{p}.yaml": tcgen05_catalog(p, TCGEN05_EPILOGUE_KERNELS) for p in ("sm100", "sm107")})
 
 
 @pytest.fixture(scope="session")
