@@ -96,6 +96,15 @@ def timer(fn, iters: int, settle_ms: float, side: str):
     return lambda: graph_ms(replay, iters, settle)
 
 
+def interleaved_medians(timers: dict, rounds: int) -> dict:
+    """Each side's median ms over ``rounds`` rounds, the sides timed in turn within a round."""
+    times = {side: [] for side in timers}
+    for _ in range(rounds):
+        for side, t in timers.items():
+            times[side].append(t())
+    return {side: statistics.median(t) for side, t in times.items()}
+
+
 def run_layer(bundle, name: str, tokens: int, args, gen) -> dict:
     groups, hidden, n, top_k = LAYERS[name]
     counts = routing(groups, tokens, top_k, args.skew, gen)
@@ -152,15 +161,12 @@ def run_layer(bundle, name: str, tokens: int, args, gen) -> dict:
             timers[side] = timer(fns[side], iters, args.settle_ms, f"{name} {tokens} {side}")
         except (RuntimeError, TypeError, ValueError, NotImplementedError) as exc:  # torch lacks it (capture errors too)
             skipped[side] = str(exc).splitlines()[0][:200]
-    times = {side: [] for side in timers}
-    for _ in range(args.rounds):
-        for side, t in timers.items():
-            times[side].append(t())
-    tflops = {side: round(flops / statistics.median(t) / 1e9, 1) for side, t in times.items()}
+    ms = interleaved_medians(timers, args.rounds)
+    tflops = {side: round(flops / v / 1e9, 1) for side, v in ms.items()}
     row = {"layer": name, "tokens": tokens, "rows": m, "groups": groups, "k": hidden, "n": n, "top_k": top_k,
            "empty_groups": int((counts == 0).sum()), "largest_group": int(counts.max()), "dtype": args.dtype,
            "kernel": kernel, "relative_error": err, "tflops": tflops,
-           "ms": {side: round(statistics.median(t), 5) for side, t in times.items()}, "skipped": skipped}
+           "ms": {side: round(v, 5) for side, v in ms.items()}, "skipped": skipped}
     for side in ("torch_grouped_mm", "loop", "dense"):
         if side in tflops and "tilekiln" in tflops:
             row[f"vs_{side}"] = round(tflops["tilekiln"] / tflops[side], 4)
@@ -194,11 +200,7 @@ def time_swiglu(bundle, a, w, offs, iters: int, args, label: str) -> dict:
     timers = {"tilekiln": timer(lambda i: tilekiln.grouped_swiglu(a, w_fused, offs, out=out, bundle=bundle), iters,
                                 args.settle_ms, f"{label} tilekiln swiglu"),
               "torch": timer(torch_swiglu, iters, args.settle_ms, f"{label} torch swiglu")}
-    times = {side: [] for side in timers}
-    for _ in range(args.rounds):
-        for side, t in timers.items():
-            times[side].append(t())
-    ms = {side: statistics.median(t) for side, t in times.items()}
+    ms = interleaved_medians(timers, args.rounds)
     choice = tilekiln.explain(a, w_fused.transpose(1, 2), offs=offs, activation="swiglu", bundle=bundle)
     return {"kernel": choice.label, "fused": not any(n.startswith("unfused") for n in choice.notes),
             "ms": {side: round(v, 5) for side, v in ms.items()}, "vs_torch": round(ms["torch"] / ms["tilekiln"], 4)}
@@ -239,11 +241,7 @@ def run_masked(bundle, name: str, per_expert: int, args, gen) -> dict:
     iters = 50
     timers = {"tilekiln": timer(tk, iters, args.settle_ms, f"{name} masked tilekiln"),
               "loop": timer(loop, iters, args.settle_ms, f"{name} masked loop")}
-    times = {side: [] for side in timers}
-    for _ in range(args.rounds):
-        for side, t in timers.items():
-            times[side].append(t())
-    ms = {side: statistics.median(t) for side, t in times.items()}
+    ms = interleaved_medians(timers, args.rounds)
     return {"layer": name, "layout": "masked", "m_max": per_expert, "rows": sum(host_counts), "groups": groups,
             "k": hidden, "n": n, "kernel": kernel, "ms": {side: round(v, 5) for side, v in ms.items()},
             "tflops": {side: round(flops / v / 1e9, 1) for side, v in ms.items()},
