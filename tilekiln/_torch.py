@@ -580,12 +580,7 @@ def check_addmm(input, mat1, mat2, beta, alpha, out) -> tuple[float, float]:
     if input.dim() > 2 or any(s not in (1, t) for s, t in zip(reversed(input.shape), reversed(shape))):
         raise ValueError(f"input: shape {list(input.shape)} does not broadcast to the product's (M, N) = "
                          f"{list(shape)}")
-    if out is not None:
-        if not isinstance(out, Tensor):
-            raise TypeError(f"out: expected a torch tensor or None, got {type(out).__name__}")
-        if tuple(out.shape) != shape or out.dtype != mat1.dtype or out.device != mat1.device:
-            raise ValueError(f"out: expected shape {list(shape)}, dtype {mat1.dtype} on {mat1.device}, got "
-                             f"{list(out.shape)}, {out.dtype} on {out.device}")
+    check_out(out, shape, mat1)
     return _coefficient("beta", beta), _coefficient("alpha", alpha)
 
 
@@ -656,6 +651,18 @@ def run_addmm(bundle: Bundle, input: Tensor, mat1: Tensor, mat2: Tensor, beta: f
 _SWIGLU = requested_epilogue(activation="swiglu")
 
 
+def check_out(out, shape: tuple, like: Tensor) -> None:
+    """``out`` None, or a tensor of ``shape`` with ``like``'s dtype and device: else ``TypeError``/``ValueError``
+    naming out and what it should be."""
+    if out is None:
+        return
+    if not isinstance(out, Tensor):
+        raise TypeError(f"out: expected a torch tensor or None, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape) or out.dtype != like.dtype or out.device != like.device:
+        raise ValueError(f"out: expected shape {list(shape)}, dtype {like.dtype} on {like.device}, got "
+                         f"{list(out.shape)}, {out.dtype} on {out.device}")
+
+
 def check_gate_up(w_gate_up, x: Tensor, x_name: str, grouped: bool) -> None:
     """``w_gate_up`` as swiglu (2I, K) or grouped_swiglu (G, 2I, K) takes it, next to the activations
     ``x`` named ``x_name``: a tensor of x's dtype and device, K = x's last dimension, an even row count
@@ -679,12 +686,7 @@ def swiglu(bundle, x: Tensor, w_gate_up: Tensor, out: Tensor | None):
     else the GEMM and the product in torch. Differentiable (the backward recomputes the GEMM)."""
     check_gate_up(w_gate_up, x, "x", grouped=False)
     shape = (*x.shape[:-1], w_gate_up.shape[0] // 2)
-    if out is not None:
-        if not isinstance(out, Tensor):
-            raise TypeError(f"out: expected a torch tensor or None, got {type(out).__name__}")
-        if tuple(out.shape) != shape or out.dtype != x.dtype or out.device != x.device:
-            raise ValueError(f"out: expected shape {list(shape)}, dtype {x.dtype} on {x.device}, got "
-                             f"{list(out.shape)}, {out.dtype} on {out.device}")
+    check_out(out, shape, x)
     _refuse_out_with_grad("swiglu", out, x, w_gate_up)
     rows = as_rows(x)
     if _is_compiling() or (_grad_enabled() and (x.requires_grad or w_gate_up.requires_grad)):
