@@ -375,7 +375,7 @@ class Bundle:
                         requested: tuple[tuple[str, object], ...] = ()) -> Choice:
         """Which grouped kernel ``grouped_gemm(a, b, rows)`` (``grouped_gemm_masked`` when
         ``masked``) would run, and why not the others (fp8 inputs: the scaled kernels). ``requested``:
-        the epilogue asked for (swiglu, row-wise scales); a swiglu no kernel fuses is the ungated
+        the epilogue asked for (swiglu, row-wise scales, a block scale); a swiglu no kernel fuses is the ungated
         GEMM's choice, with a note that torch pairs the columns."""
         from tilekiln.grouped import choose_grouped_fused, make_grouped_problem, make_masked_problem
         from tilekiln.spec import SCALED_INPUTS
@@ -383,7 +383,8 @@ class Bundle:
         a_op = describe(a, "a")
         make = make_masked_problem if masked else make_grouped_problem
         problem = make(a_op, describe(b, "b"), describe(rows, "masked_m" if masked else "offs"),
-                       describe(out, "out") if out is not None else None, a_op.dtype in SCALED_INPUTS, requested)
+                       describe(out, "out") if out is not None else None,
+                       a_op.dtype in SCALED_INPUTS or dict(requested).get("block_scale") is not None, requested)
         choice, unfused = choose_grouped_fused(self, problem)
         if unfused:
             rest = ", ".join(f"{name} {value}" for name, value in unfused)
