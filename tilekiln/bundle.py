@@ -465,20 +465,22 @@ class Bundle:
                                         bias, scale_result)
 
     def grouped_gemm(self, a, b, offs, *, scale_a=None, scale_b=None, out=None, stream=None,
-                     kernel: str | None = None):
+                     kernel: str | None = None, scale_format: str | None = None):
         """``tilekiln.grouped_gemm`` on this bundle's kernels; ``kernel`` pins one by id."""
         if not (is_torch_tensor(a) and is_torch_tensor(b)):
             raise TypeError("grouped_gemm takes torch tensors (a and b); the operands given are "
                             f"{type(a).__name__} and {type(b).__name__}")
-        return torch_path().grouped_gemm(self, a, b, offs, scale_a, scale_b, out, stream, kernel)
+        return torch_path().grouped_gemm(self, a, b, offs, scale_a, scale_b, out, stream, kernel,
+                                         scale_format=scale_format)
 
     def grouped_gemm_masked(self, a, b, masked_m, *, scale_a=None, scale_b=None, out=None, stream=None,
-                            kernel: str | None = None):
+                            kernel: str | None = None, scale_format: str | None = None):
         """``tilekiln.grouped_gemm_masked`` on this bundle's kernels; ``kernel`` pins one by id."""
         if not (is_torch_tensor(a) and is_torch_tensor(b)):
             raise TypeError("grouped_gemm_masked takes torch tensors (a and b); the operands given are "
                             f"{type(a).__name__} and {type(b).__name__}")
-        return torch_path().grouped_gemm(self, a, b, masked_m, scale_a, scale_b, out, stream, kernel, masked=True)
+        return torch_path().grouped_gemm(self, a, b, masked_m, scale_a, scale_b, out, stream, kernel, masked=True,
+                                         scale_format=scale_format)
 
     def grouped_swiglu(self, a, w_gate_up, offs, *, scale_a=None, scale_b=None, out=None, stream=None,
                        kernel: str | None = None):

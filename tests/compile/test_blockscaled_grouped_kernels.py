@@ -8,8 +8,9 @@ grouped items of sm107_blockscaled.yaml), each for one target: mxfp8 and nvfp4 i
 layout, mxfp8 in the masked one, and mxfp8 on the sm107 pipeline's 64-byte K in both. Per kernel:
 
 * the block-scaled MMA: UTCQMMA for e4m3 data (kind::mxf8f6f4), UTCOMMA for e2m1 (mxf4nvf4, its
-  16-element-block form, ``.BLOCK16`` as nvdisasm spells it for sm_103a), ``k_blocks`` of them per K slice, each naming three
-  tensor-memory operands (the accumulator and the scale factors of A and of B), never ``.2CTA``;
+  16-element-block form, ``.BLOCK16`` as nvdisasm spells it for sm_103a), ``k_blocks`` of them per
+  K slice, each naming three tensor-memory operands (the accumulator and the scale factors of A
+  and of B), never ``.2CTA``;
 * one ``UTCCP.T.S.4x32dp128bit`` per 512-byte scale-factor atom of the stage's SFA and SFB;
 * TMA loads of A, B and both scale-factor tensors, TMA stores, the partial tile's predicated
   stores (STG) and the group table's loads (LDG), no local memory, registers within the facts, the

@@ -250,7 +250,8 @@ def test_an_nvfp4_grouped_problem_counts_k_in_elements():
     a_op, b_op, rows_op = (dataclasses.replace(describe(t, name), device=0)
                            for t, name in ((a, "a"), (b, "b"), (rows, "masked_m")))
     assert a_op.shape == (2, 64, 256) and b_op.shape == (2, 256, 128)
-    problem = make_masked_problem(a_op, b_op, rows_op, None, True, requested_epilogue(**dict(bs.block_request("nvfp4"))))
+    problem = make_masked_problem(a_op, b_op, rows_op, None, True,
+                                  requested_epilogue(**dict(bs.block_request("nvfp4"))))
     assert (problem.m, problem.n, problem.k, problem.groups, problem.out_shape) == (64, 128, 256, 2, (2, 64, 128))
 
 
