@@ -269,3 +269,50 @@ def test_a_bundle_without_block_scaled_kernels_refuses_a_grouped_call_with_the_a
     with pytest.raises(NoKernelError, match=r"scale_format='mxfp8': bundle sm90a \(sm_90a\) has no mxfp8 kernels; "
                                             r"the block-scaled tcgen05 MMA exists on compute capability 10\.x"):
         _grouped_plan(hopper, a, b, rows, sa, sw, None, None, masked, "none", "mxfp8")
+
+
+def _bundle_of(tmp_path, *kernels):
+    """A bundle of ``kernels`` (tests/records.py's manifest, whose device it matches): kernel choice
+    only reads the records."""
+    from tests.records import manifest
+    from tilekiln.bundle import Bundle, DeviceInfo
+
+    return Bundle(tmp_path, manifest(kernels), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+
+
+def test_explain_names_the_block_scaled_grouped_kernel_of_a_scale_format(tmp_path):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import tilekiln
+    from tilekiln.spec import BlockScale, DType
+
+    mx = _grouped_record(0, "mx", "grouped", block_scale=BlockScale(DType("e8m0"), 32))
+    per_tensor = _grouped_record(1, "fp8", "grouped")
+    bundle = _bundle_of(tmp_path, mx, per_tensor)
+    with FakeTensorMode():
+        a = torch.empty(300, 512, dtype=torch.float8_e4m3fn, device="cuda")
+        w = torch.empty(4, 384, 512, dtype=torch.float8_e4m3fn, device="cuda")
+        offs = torch.empty(4, dtype=torch.int32, device="cuda")
+        assert tilekiln.explain(a, w.transpose(1, 2), offs=offs, scale_format="mxfp8", bundle=bundle).kernel.id == "mx"
+        assert tilekiln.explain(a, w.transpose(1, 2), offs=offs, bundle=bundle).kernel.id == "fp8"
+
+
+def test_a_block_scaled_grouped_call_traces_as_one_node_with_its_scale_format(tmp_path):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import tilekiln
+    from tests.unit.test_torch_ops import traced
+
+    from tilekiln.spec import BlockScale, DType
+
+    bundle = _bundle_of(tmp_path, _grouped_record(0, "mx", "grouped", block_scale=BlockScale(DType("e8m0"), 32)))
+    with FakeTensorMode():
+        a = torch.empty(300, 128, dtype=torch.float8_e4m3fn, device="cuda")
+        w = torch.empty(3, 256, 128, dtype=torch.float8_e4m3fn, device="cuda")
+        offs = torch.empty(3, dtype=torch.int32, device="cuda")
+        sa = torch.empty(bs.grouped_bands(300, 3), 1, 32, 4, 4, dtype=torch.float8_e8m0fnu, device="cuda")
+        sb = torch.empty(3, 2, 1, 32, 4, 4, dtype=torch.float8_e8m0fnu, device="cuda")
+        got, ops = traced(lambda: tilekiln.grouped_gemm(a, w.transpose(1, 2), offs, scale_a=sa, scale_b=sb,
+                                                         scale_format="mxfp8", bundle=bundle))
+    assert ops == ["tilekiln.grouped_gemm.default"]
+    assert got.shape == (300, 256) and got.dtype == torch.bfloat16
