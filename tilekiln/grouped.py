@@ -24,7 +24,9 @@ The epilogue an expert MLP asks for (``requested``, as GemmProblem.requested): S
 gate_up GEMM (b's N columns interleave gate and up in blocks of GLU_BLOCK; the result has N/2),
 fused where a kernel computes it, else the GEMM and then torch's pairing (GroupedPlan.unfused);
 and row-wise fp8 scales, scale_a per row of a and scale_b (G, N) per group and column of b, which
-only a kernel with them runs.
+only a kernel with them runs. Block-scaled experts (mxfp8, nvfp4, ...: a ``block_scale`` request)
+run only on the block-scaled grouped kernels, their elements and scales checked by
+tilekiln/blockscaled.py.
 
 What is checked on every call, before any launch (a violation raises ``TypeError`` or
 ``ValueError`` naming the argument): every tensor's shape, dtype, device and strides; ``offs``
