@@ -1,5 +1,5 @@
-"""Block-scaled (mxfp8, nvfp4) grouped GEMM on the GPU: every block-scaled grouped kernel, contiguous
-and masked, against the float64 per-group product of its dequantized inputs
+"""Block-scaled (mxfp8, nvfp4, and mxfp4 and fp4-e5m3-b32 where a bundle has them) grouped GEMM on
+the GPU: every block-scaled grouped kernel, contiguous and masked, against the float64 per-group product of its dequantized inputs
 (tilekiln.blockscaled.reference_grouped_mm) over routings with empty, one-row, tile-sized and
 tile-straddling groups, NaN-poisoned outputs (a masked call's rows past each count must keep the
 NaN); the errors of wrong scales; the refusal on a bundle without such kernels.
@@ -18,7 +18,8 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-FORMATS = ("mxfp8", "nvfp4")
+# mxfp4 has no grouped kernel in the default catalog, fp4-e5m3-b32 only in sm107a's: their cases skip elsewhere.
+FORMATS = ("mxfp8", "nvfp4", "mxfp4", "fp4-e5m3-b32")
 # (N, K, rows per group): empty groups, one-row groups, groups smaller than, equal to and just past a
 # 128-row tile (so SFA bands are padded), N no tile multiple, K a few scale-factor atoms.
 ROUTINGS = (
