@@ -1,8 +1,8 @@
 """Block-scaled (mxfp8, nvfp4, and mxfp4 and fp4-e5m3-b32 where a bundle has them) grouped GEMM on
 the GPU: every block-scaled grouped kernel, contiguous and masked, against the float64 per-group
-product of its dequantized inputs (tilekiln.blockscaled.reference_grouped_mm) over routings with empty, one-row, tile-sized and
-tile-straddling groups, NaN-poisoned outputs (a masked call's rows past each count must keep the
-NaN); the errors of wrong scales; the refusal on a bundle without such kernels.
+product of its dequantized inputs (tilekiln.blockscaled.reference_grouped_mm) over routings with
+empty, one-row, tile-sized and tile-straddling groups, NaN-poisoned outputs (a masked call's rows
+past each count must keep the NaN); the errors of wrong scales; the refusal on a bundle without such kernels.
 
     python -m pytest -q tests/gpu/test_blockscaled_grouped.py   (TILEKILN_TEST_BUNDLE: the bundle under test)
 
