@@ -166,6 +166,10 @@ def test_the_sm107_pipeline_issues_the_64_byte_k_mma(records):
     _, k32 = records["grouped_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_sfe8m0x32"]
     assert (k64.ctx.plan.mma_k_bytes, k32.ctx.plan.mma_k_bytes) == (64, 32)
     assert (k64.info.count("UTCQMMA"), k32.info.count("UTCQMMA")) == (2, 4)
+    # Two 256-column accumulators beside the scale factors: SM 10.7's exclusive 576-column allocation,
+    # where the sm100 pipeline's 128x256 keeps one accumulator in 512.
+    assert (k64.ctx.plan.acc_stages, k64.ctx.plan.tmem_alloc_columns) == (2, 576) and 'arch="sm_107"' in k64.source
+    assert (k32.ctx.plan.acc_stages, k32.ctx.plan.tmem_alloc_columns) == (1, 512)
 
 
 def test_a_contiguous_tile_reads_its_groups_scale_band(records):
