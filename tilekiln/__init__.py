@@ -241,7 +241,7 @@ def quantize_fp8_blockwise(x, block=(1, 128), *, power_of_two=False):
     return quantize(x, block, power_of_two=power_of_two)
 
 
-def grouped_gemm(a, b, offs, *, scale_a=None, scale_b=None, out=None, bundle=None, stream=None):
+def grouped_gemm(a, b, offs, *, scale_a=None, scale_b=None, out=None, bundle=None, stream=None, scale_format=None):
     """``torch._grouped_mm(a, b, offs=offs)``: a (total_M, K) with rows sorted by group, b (G, K, N) (pass
     nn.Linear-style (G, N, K) weights as ``w.transpose(1, 2)``), offs an int32 CUDA tensor of the G
     cumulative row ends; out (total_M, N). fp8 (e4m3) inputs take float32 scales and give bf16: per-tensor
@@ -249,26 +249,35 @@ def grouped_gemm(a, b, offs, *, scale_a=None, scale_b=None, out=None, bundle=Non
     (total_M, 1)) one per row of a and ``scale_b`` (G, N) (or (G, 1, N)) one per group and column of b,
     both contiguous, applied to the fp32 accumulator in the epilogue. One launch, no host
     synchronization: it captures in a CUDA graph and replays with new offsets. The kernel clamps each
-    end into [previous end, total_M]; rows past the last end are not written (docs/runtime.md). Takes
+    end into [previous end, total_M]; rows past the last end are not written (docs/runtime.md).
+    ``scale_format`` (the CC 10.x bundles): ``"mxfp8"``, ``"nvfp4"`` or another block-scaled format of
+    ``scaled_gemm``, for quantized experts: a's and b's elements in that format (e2m1 packed two per byte
+    along K, b a (G, N, K / 2) weight's ``.transpose(1, 2)``), K a multiple of 4 scale blocks, bf16
+    result; ``scale_b`` ``tilekiln.blockscaled.to_blocked`` of the (G, N, K / block) weight scales and
+    ``scale_a`` ``tilekiln.blockscaled.to_blocked_grouped(s, offs)`` of the (total_M, K / block)
+    activation scales, each group's rows padded to a multiple of 128 (docs/runtime.md). Takes
     torch tensors; not differentiable."""
     fast = _torch_operands(a, b)
     if fast is None:
         raise TypeError("grouped_gemm takes torch tensors (a and b); the operands given are "
                         f"{type(a).__name__} and {type(b).__name__}")
-    return fast.grouped_gemm(bundle, a, b, offs, scale_a, scale_b, out, stream)
+    return fast.grouped_gemm(bundle, a, b, offs, scale_a, scale_b, out, stream, scale_format=scale_format)
 
 
-def grouped_gemm_masked(a, b, masked_m, *, scale_a=None, scale_b=None, out=None, bundle=None, stream=None):
+def grouped_gemm_masked(a, b, masked_m, *, scale_a=None, scale_b=None, out=None, bundle=None, stream=None,
+                        scale_format=None):
     """The masked layout (DeepGEMM's, for decode under CUDA graphs): a (G, M_max, K), b (G, K, N),
     masked_m an int32 CUDA tensor of the G groups' row counts; ``out[g, :masked_m[g]] =
     a[g, :masked_m[g]] @ b[g]`` in out (G, M_max, N), whose other rows are not written. The kernel
     clamps each count into [0, M_max]. fp8, graphs and checks as ``grouped_gemm``; row-wise
-    ``scale_a`` is (G, M_max) (or (G, M_max, 1))."""
+    ``scale_a`` is (G, M_max) (or (G, M_max, 1)); with a block-scaled ``scale_format``, ``scale_a`` is
+    ``tilekiln.blockscaled.to_blocked`` of the (G, M_max, K / block) activation scales."""
     fast = _torch_operands(a, b)
     if fast is None:
         raise TypeError("grouped_gemm_masked takes torch tensors (a and b); the operands given are "
                         f"{type(a).__name__} and {type(b).__name__}")
-    return fast.grouped_gemm(bundle, a, b, masked_m, scale_a, scale_b, out, stream, masked=True)
+    return fast.grouped_gemm(bundle, a, b, masked_m, scale_a, scale_b, out, stream, masked=True,
+                             scale_format=scale_format)
 
 
 def grouped_swiglu(a, w_gate_up, offs, *, scale_a=None, scale_b=None, out=None, bundle=None, stream=None):
@@ -311,7 +320,8 @@ def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias
     ``torch.float8_e4m3fn``, which implies per-tensor scales where ``scale_format`` is None); with
     ``offs`` (or ``masked_m``), the kernel ``grouped_gemm(a, b, offs)`` (``grouped_gemm_masked``)
     would run; with ``activation="swiglu"`` too, ``grouped_swiglu(a, w, offs)`` (pass ``a`` and
-    ``w.transpose(1, 2)``), and with ``scale_format="rowwise"`` the row-wise scaled kernels; with ``alpha`` or
+    ``w.transpose(1, 2)``), and with ``scale_format="rowwise"`` the row-wise scaled kernels, with
+    ``"mxfp8"`` or ``"nvfp4"`` (and the other block-scaled formats) the block-scaled ones; with ``alpha`` or
     ``beta`` (numbers), the kernel ``addmm(input, a, b, beta=, alpha=)`` would run, ``residual`` saying
     whether input fuses (True, or the input tensor itself, whose strides must then be the result's), and
     where none computes alpha and beta, which kernel runs the product torch then scales."""
@@ -320,12 +330,16 @@ def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias
 
     if offs is not None or masked_m is not None:
         masked = masked_m is not None
-        if scale_format not in (None, "tensor", "rowwise"):
-            raise ValueError(f"scale_format: grouped kernels take per-tensor or row-wise scales, not {scale_format!r}")
         act = "none" if activation is None else getattr(activation, "value", activation)
         if act not in ("none", "swiglu"):
             raise ValueError(f"activation: grouped kernels fuse 'swiglu' (or None), not {activation!r}")
-        requested = requested_epilogue(scaling=scale_format or "tensor", activation=act)
+        if scale_format in (None, "tensor", "rowwise"):
+            requested = requested_epilogue(scaling=scale_format or "tensor", activation=act)
+        else:
+            # A block-scaled format (tilekiln/blockscaled.py) asks for its block scale.
+            from tilekiln.blockscaled import block_request, grouped_block_format
+
+            requested = requested_epilogue(**dict(block_request(grouped_block_format(scale_format))), activation=act)
         return _bundle_for(a, bundle).explain_grouped(a, b, masked_m if masked else offs, out, masked=masked,
                                                       requested=requested)
     bias_type = "none" if bias is None else torch_dtype_token(bias.dtype if is_torch_tensor(bias) else bias)

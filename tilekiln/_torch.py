@@ -12,10 +12,12 @@ Imported only when torch tensors are passed; importing it registers nine operato
                                                                   d mat2 = alpha * mat1ᵀ·grad
     tilekiln::scaled_gemm(a, b, scale_a, scale_b, out_dtype, bundle, kernel, scale_format, bias=None) -> Tensor
     tilekiln::scaled_gemm_out(a, b, scale_a, scale_b, out!, bundle, kernel, scale_format, bias=None)
-    tilekiln::grouped_gemm(a, b, offs, scale_a, scale_b, bundle, kernel, activation="none") -> Tensor
-    tilekiln::grouped_gemm_out(a, b, offs, scale_a, scale_b, out!, bundle, kernel, activation="none")
-    tilekiln::grouped_gemm_masked(a, b, masked_m, scale_a, scale_b, bundle, kernel, activation="none") -> Tensor
-    tilekiln::grouped_gemm_masked_out(a, b, masked_m, scale_a, scale_b, out!, bundle, kernel, activation="none")
+    tilekiln::grouped_gemm(a, b, offs, scale_a, scale_b, bundle, kernel, activation="none", scale_format="") -> Tensor
+    tilekiln::grouped_gemm_out(a, b, offs, scale_a, scale_b, out!, bundle, kernel, activation="none", scale_format="")
+    tilekiln::grouped_gemm_masked(a, b, masked_m, scale_a, scale_b, bundle, kernel, activation="none",
+                                  scale_format="") -> Tensor
+    tilekiln::grouped_gemm_masked_out(a, b, masked_m, scale_a, scale_b, out!, bundle, kernel, activation="none",
+                                      scale_format="")
 
 ``bundle`` names the bundle as a string (:func:`bundle_ref`: a loaded bundle's
 directory, a name or path given by the caller, or ``""`` for the default
@@ -49,7 +51,9 @@ import torch
 from tilekiln._native import CALL
 from tilekiln._tensors import describe, torch_dtype_token
 from tilekiln.blockscaled import (RUNTIME_BLOCK_FORMATS, block_request, check_block_elements, check_block_operands,
-                                  check_block_scale_tensors, check_scale_pointers, format_of, requested_format)
+                                  check_block_scale_tensors, check_grouped_block_operands, check_grouped_block_scales,
+                                  check_scale_pointers, format_of, grouped_block_format,
+                                  requested_format)
 from tilekiln.blockwise import BLOCK, check_scale_tensor, check_scales, scale_format_token
 from tilekiln.bundle import NEUTRAL_VALUES, Bundle, raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
@@ -1117,11 +1121,14 @@ def check_grouped_scales(a: Tensor, b: Tensor, scale_a, scale_b, masked: bool) -
 
 
 def grouped_gemm(bundle, a: Tensor, b: Tensor, rows: Tensor, scale_a, scale_b, out: Tensor | None, stream,
-                 kernel: str | None = None, masked: bool = False, activation: str = "none"):
+                 kernel: str | None = None, masked: bool = False, activation: str = "none",
+                 scale_format: str | None = None):
     """``grouped_gemm`` (``rows`` is offs) or, with ``masked``, ``grouped_gemm_masked`` (``rows`` is
     masked_m) for torch tensors; ``activation`` "swiglu": ``grouped_swiglu`` (b's columns interleave
-    gate and up). Not differentiable."""
+    gate and up); ``scale_format`` None (per-tensor or row-wise scales, read from their shapes) or a
+    block-scaled format (:func:`grouped_block_format`). Not differentiable."""
     name = ("grouped_swiglu" if activation == "swiglu" else "grouped_gemm") + ("_masked" if masked else "")
+    scale_format = grouped_block_format(scale_format)
     if _is_compiling():
         if stream is not None:
             raise TypeError("stream=: not supported while torch.compile traces; make the stream current "
@@ -1130,14 +1137,15 @@ def grouped_gemm(bundle, a: Tensor, b: Tensor, rows: Tensor, scale_a, scale_b, o
         op, out_op = ((grouped_gemm_masked_op, grouped_gemm_masked_out_op) if masked else
                       (grouped_gemm_op, grouped_gemm_out_op))
         if out is None:
-            return op(a, b, rows, scale_a, scale_b, ref, kernel or "", activation)
-        out_op(a, b, rows, scale_a, scale_b, out, ref, kernel or "", activation)
+            return op(a, b, rows, scale_a, scale_b, ref, kernel or "", activation, scale_format or "")
+        out_op(a, b, rows, scale_a, scale_b, out, ref, kernel or "", activation, scale_format or "")
         return out
     if _grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in (a, b, scale_a, scale_b)):
         raise RuntimeError(f"{name} is not differentiable; detach its inputs or call it under torch.no_grad()")
     if not isinstance(bundle, Bundle):
         bundle = resolve(bundle_ref(bundle), a.get_device())
-    return run_grouped_gemm(bundle, a, b, rows, scale_a, scale_b, out, stream, kernel, masked, activation)
+    return run_grouped_gemm(bundle, a, b, rows, scale_a, scale_b, out, stream, kernel, masked, activation,
+                            scale_format)
 
 
 def grouped_swiglu(bundle, a: Tensor, w_gate_up: Tensor, rows: Tensor, scale_a, scale_b, out: Tensor | None,
@@ -1151,16 +1159,26 @@ def grouped_swiglu(bundle, a: Tensor, w_gate_up: Tensor, rows: Tensor, scale_a, 
 
 
 def _grouped_plan(bundle: Bundle, a: Tensor, b: Tensor, rows: Tensor, scale_a, scale_b, out: Tensor | None,
-                  kernel: str | None, masked: bool, activation: str):
-    """The plan of a grouped call, after every check of its arguments (the scales' by their format)."""
+                  kernel: str | None, masked: bool, activation: str, scale_format: str | None = None):
+    """The plan of a grouped call, after every check of its arguments (the scales' by their format:
+    a block-scaled ``scale_format``'s on the CPU, before any kernel is chosen, but for the bundle's
+    arch message)."""
     from tilekiln.grouped import make_grouped_problem, make_masked_problem, plan_grouped
 
-    scaling = grouped_scaling(scale_a, scale_b)
-    requested = requested_epilogue(scaling="rowwise" if scaling == "rowwise" else "tensor", activation=activation)
+    if scale_format is not None:
+        _check_block_kernels(bundle, scale_format)
+        check_grouped_block_operands(a, b, scale_format, masked)
+        scaling = "block"
+        requested = requested_epilogue(**dict(block_request(scale_format)), activation=activation)
+    else:
+        scaling = grouped_scaling(scale_a, scale_b)
+        requested = requested_epilogue(scaling="rowwise" if scaling == "rowwise" else "tensor", activation=activation)
     make = make_masked_problem if masked else make_grouped_problem
     problem = make(describe(a, "a"), describe(b, "b"), describe(rows, "masked_m" if masked else "offs"),
                    None if out is None else describe(out, "out"), scaling != "none", requested)
-    if scaling == "tensor":
+    if scaling == "block":
+        check_grouped_block_scales(a, b, scale_a, scale_b, scale_format, masked)
+    elif scaling == "tensor":
         for scale_name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
             _check_scale(scale_name, scale, problem.device)
     elif scaling == "rowwise":
@@ -1169,7 +1187,8 @@ def _grouped_plan(bundle: Bundle, a: Tensor, b: Tensor, rows: Tensor, scale_a, s
 
 
 def run_grouped_gemm(bundle: Bundle, a: Tensor, b: Tensor, rows, scale_a, scale_b, out: Tensor | None, stream,
-                     kernel: str | None = None, masked: bool = False, activation: str = "none"):
+                     kernel: str | None = None, masked: bool = False, activation: str = "none",
+                     scale_format: str | None = None):
     """The grouped call, checked (every argument's shape, dtype, device and strides, from the cached plan's
     key) and launched; never reads ``rows`` (offs, or masked_m when ``masked``). A swiglu no kernel
     fuses runs the grouped GEMM into a zeroed buffer, whose rows no group owns stay zero, and torch
@@ -1183,10 +1202,10 @@ def run_grouped_gemm(bundle: Bundle, a: Tensor, b: Tensor, rows, scale_a, scale_
     key = ("grouped", masked, a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype,
            b.get_device(), rows.shape, rows.stride(), rows.dtype, rows.get_device(),
            None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()), kernel,
-           _scale_signature(scale_a), _scale_signature(scale_b), activation)
+           _scale_signature(scale_a), _scale_signature(scale_b), activation, scale_format)
     plan = bundle._plans.get(key)
     if plan is None:
-        plan = _grouped_plan(bundle, a, b, rows, scale_a, scale_b, out, kernel, masked, activation)
+        plan = _grouped_plan(bundle, a, b, rows, scale_a, scale_b, out, kernel, masked, activation, scale_format)
         bundle.remember(key, plan)
     problem = plan.problem
     dtype = torch.bfloat16 if problem.out_dtype == "bf16" else a.dtype
@@ -1201,6 +1220,8 @@ def run_grouped_gemm(bundle: Bundle, a: Tensor, b: Tensor, rows, scale_a, scale_
     if plan.unfused:
         with _on_stream(stream, problem.device):
             target = _allocate(plan.run.out_shape, problem.k, dtype, a.device).zero_()
+    if scale_format is not None:
+        check_scale_pointers(scale_a, scale_b)
     launch_grouped(bundle, plan, a.data_ptr(), b.data_ptr(), target.data_ptr(), rows.data_ptr(),
                    _stream_handle(stream, problem.device), 0 if scale_a is None else scale_a.data_ptr(),
                    0 if scale_b is None else scale_b.data_ptr())
@@ -1211,12 +1232,12 @@ def run_grouped_gemm(bundle: Bundle, a: Tensor, b: Tensor, rows, scale_a, scale_
 
 @torch.library.custom_op("tilekiln::grouped_gemm", mutates_args=())
 def grouped_gemm_op(a: Tensor, b: Tensor, offs: Tensor, scale_a: Tensor | None, scale_b: Tensor | None,
-                    bundle: str, kernel: str, activation: str = "none") -> Tensor:
+                    bundle: str, kernel: str, activation: str = "none", scale_format: str = "") -> Tensor:
     """torch._grouped_mm(a, b, offs=offs) (contiguous layout) on ``bundle``'s grouped kernels; with fp8
     inputs, times the per-tensor or row-wise scales, in bf16; ``activation`` "swiglu": silu(gate) * up
     of b's interleaved columns, N/2 of them."""
     return run_grouped_gemm(resolve(bundle, a.get_device()), a, b, offs, scale_a, scale_b, None, None,
-                            kernel or None, activation=activation)
+                            kernel or None, activation=activation, scale_format=scale_format or None)
 
 
 def _grouped_dtype(a: Tensor, scale_a, scale_b) -> torch.dtype:
@@ -1230,35 +1251,38 @@ def _grouped_columns(b: Tensor, activation: str) -> int:
 
 @grouped_gemm_op.register_fake
 def _grouped_gemm_fake(a: Tensor, b: Tensor, offs: Tensor, scale_a: Tensor | None, scale_b: Tensor | None,
-                       bundle: str, kernel: str, activation: str = "none") -> Tensor:
+                       bundle: str, kernel: str, activation: str = "none", scale_format: str = "") -> Tensor:
     return _allocate((a.shape[0], _grouped_columns(b, activation)), a.shape[-1], _grouped_dtype(a, scale_a, scale_b),
                      a.device)
 
 
 @torch.library.custom_op("tilekiln::grouped_gemm_out", mutates_args=("out",))
 def grouped_gemm_out_op(a: Tensor, b: Tensor, offs: Tensor, scale_a: Tensor | None, scale_b: Tensor | None,
-                        out: Tensor, bundle: str, kernel: str, activation: str = "none") -> None:
+                        out: Tensor, bundle: str, kernel: str, activation: str = "none",
+                        scale_format: str = "") -> None:
     run_grouped_gemm(resolve(bundle, a.get_device()), a, b, offs, scale_a, scale_b, out, None, kernel or None,
-                     activation=activation)
+                     activation=activation, scale_format=scale_format or None)
 
 
 @grouped_gemm_out_op.register_fake
 def _grouped_gemm_out_fake(a: Tensor, b: Tensor, offs: Tensor, scale_a: Tensor | None, scale_b: Tensor | None,
-                           out: Tensor, bundle: str, kernel: str, activation: str = "none") -> None:
+                           out: Tensor, bundle: str, kernel: str, activation: str = "none",
+                        scale_format: str = "") -> None:
     return None
 
 
 @torch.library.custom_op("tilekiln::grouped_gemm_masked", mutates_args=())
 def grouped_gemm_masked_op(a: Tensor, b: Tensor, masked_m: Tensor, scale_a: Tensor | None, scale_b: Tensor | None,
-                           bundle: str, kernel: str, activation: str = "none") -> Tensor:
+                           bundle: str, kernel: str, activation: str = "none", scale_format: str = "") -> Tensor:
     """The masked layout: out[g, :masked_m[g]] = a[g, :masked_m[g]] @ b[g] (with ``activation``)."""
     return run_grouped_gemm(resolve(bundle, a.get_device()), a, b, masked_m, scale_a, scale_b, None, None,
-                            kernel or None, masked=True, activation=activation)
+                            kernel or None, masked=True, activation=activation, scale_format=scale_format or None)
 
 
 @grouped_gemm_masked_op.register_fake
 def _grouped_gemm_masked_fake(a: Tensor, b: Tensor, masked_m: Tensor, scale_a: Tensor | None,
-                              scale_b: Tensor | None, bundle: str, kernel: str, activation: str = "none") -> Tensor:
+                              scale_b: Tensor | None, bundle: str, kernel: str, activation: str = "none",
+                              scale_format: str = "") -> Tensor:
     return _allocate((a.shape[0], a.shape[1], _grouped_columns(b, activation)), a.shape[-1],
                      _grouped_dtype(a, scale_a, scale_b), a.device)
 
@@ -1266,13 +1290,13 @@ def _grouped_gemm_masked_fake(a: Tensor, b: Tensor, masked_m: Tensor, scale_a: T
 @torch.library.custom_op("tilekiln::grouped_gemm_masked_out", mutates_args=("out",))
 def grouped_gemm_masked_out_op(a: Tensor, b: Tensor, masked_m: Tensor, scale_a: Tensor | None,
                                scale_b: Tensor | None, out: Tensor, bundle: str, kernel: str,
-                               activation: str = "none") -> None:
+                               activation: str = "none", scale_format: str = "") -> None:
     run_grouped_gemm(resolve(bundle, a.get_device()), a, b, masked_m, scale_a, scale_b, out, None, kernel or None,
-                     masked=True, activation=activation)
+                     masked=True, activation=activation, scale_format=scale_format or None)
 
 
 @grouped_gemm_masked_out_op.register_fake
 def _grouped_gemm_masked_out_fake(a: Tensor, b: Tensor, masked_m: Tensor, scale_a: Tensor | None,
                                   scale_b: Tensor | None, out: Tensor, bundle: str, kernel: str,
-                                  activation: str = "none") -> None:
+                                  activation: str = "none", scale_format: str = "") -> None:
     return None

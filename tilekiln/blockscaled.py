@@ -240,10 +240,13 @@ def blocked_shape(rows: int, k: int, name: str) -> tuple[int, int, int, int, int
 def to_blocked(scales: torch.Tensor) -> torch.Tensor:
     """Row-major (rows, K / block) scales in the layout the tcgen05 block-scaled MMA reads (module
     doc): a contiguous (ceil(rows / 128), ceil(blocks / 4), 32, 4, 4) tensor of the same dtype
-    and device, padding zero."""
+    and device, padding zero. A batch (G, rows, K / block), one operand per group (the grouped
+    calls' weights, the masked layout's activations): each entry's, stacked, (G, ...)."""
+    if scales.dim() == 3:
+        return torch.stack([to_blocked(entry) for entry in scales])
     if scales.dim() != 2:
-        raise ValueError(f"scales: expected row-major (rows, K / block) scale factors, got shape "
-                         f"{list(scales.shape)}")
+        raise ValueError(f"scales: expected row-major (rows, K / block) scale factors (or a (G, rows, K / block) "
+                         f"batch), got shape {list(scales.shape)}")
     rows, blocks = scales.shape
     bands, groups = math.ceil(rows / ATOM_ROWS), math.ceil(blocks / ATOM_BLOCKS)
     raw = scales.view(torch.uint8)
@@ -259,6 +262,69 @@ def from_blocked(blocked: torch.Tensor, rows: int, blocks: int) -> torch.Tensor:
     bands, groups = blocked.shape[:2]
     raw = blocked.view(torch.uint8).permute(0, 3, 2, 1, 4).reshape(bands * ATOM_ROWS, groups * ATOM_BLOCKS)
     return raw[:rows, :blocks].contiguous().view(blocked.dtype)
+
+
+def grouped_bands(total_m: int, groups: int) -> int:
+    """The 128-row bands of a contiguous grouped call's ``scale_a`` (:func:`to_blocked_grouped`):
+    each group's rows start a band of their own, so G groups of total_M rows in all fill at most
+    ceil(total_M / 128) + G - 1 of them, whatever the split (the kernel's bound: it never reads
+    offs on the host)."""
+    return math.ceil(total_m / ATOM_ROWS) + groups - 1
+
+
+def group_row_ends(offs, total_m: int) -> list[int]:
+    """The row ends of a contiguous grouped call's groups as its kernel reads ``offs`` (G cumulative
+    row ends): each clamped into [previous end, total_M] (tilekiln/grouped.py)."""
+    ends, previous = [], 0
+    for end in (offs.tolist() if isinstance(offs, torch.Tensor) else offs):
+        previous = min(max(int(end), previous), total_m)
+        ends.append(previous)
+    return ends
+
+
+def to_blocked_grouped(scales: torch.Tensor, offs) -> torch.Tensor:
+    """A contiguous grouped call's ``scale_a``: row-major (total_M, K / block) scales of its
+    activations, ``offs`` its G cumulative row ends (a sequence, or a tensor, which is read on the
+    host: a CUDA one synchronizes, so convert when the routing is made). Each group's rows are
+    padded to a multiple of 128 and put after the previous group's bands, then laid out as
+    :func:`to_blocked`: a contiguous (:func:`grouped_bands`, ceil(blocks / 4), 32, 4, 4) tensor,
+    padding zero. Group g's rows start at band sum over h < g of ceil(rows_h / 128), where the
+    kernel's tiles of group g read them."""
+    if scales.dim() != 2:
+        raise ValueError(f"scales: expected row-major (total_M, K / block) scale factors of every group's rows, "
+                         f"got shape {list(scales.shape)}")
+    rows, blocks = scales.shape
+    ends = group_row_ends(offs, rows)
+    raw = scales.view(torch.uint8)
+    padded = torch.zeros(grouped_bands(rows, len(ends)) * ATOM_ROWS, blocks, dtype=torch.uint8, device=scales.device)
+    start = band = 0
+    for end in ends:
+        padded[band * ATOM_ROWS:band * ATOM_ROWS + end - start] = raw[start:end]
+        band += math.ceil((end - start) / ATOM_ROWS)
+        start = end
+    return to_blocked(padded.view(scales.dtype))
+
+
+def reference_grouped_mm(a: torch.Tensor, scale_a: torch.Tensor, w: torch.Tensor, scale_w: torch.Tensor,
+                         rows, name: str, masked: bool = False) -> torch.Tensor:
+    """The float64 result of a block-scaled grouped call before it rounds to its output type, rows no
+    group owns zero. Contiguous: ``a`` (total_M, K) with row-major ``scale_a`` (total_M, K / block),
+    ``rows`` the G cumulative row ends; masked: ``a`` (G, M_max, K), ``scale_a`` (G, M_max, K / block),
+    ``rows`` the G row counts. ``w`` (G, N, K) and ``scale_w`` (G, N, K / block): the experts'
+    weights (``grouped_gemm`` takes ``w.transpose(1, 2)``). Elements and scales as :func:`dequantize`."""
+    weights = [dequantize(w[g], scale_w[g], name) for g in range(w.shape[0])]
+    if masked:
+        out = torch.zeros(a.shape[0], a.shape[1], w.shape[1], dtype=torch.float64, device=a.device)
+        for g, count in enumerate(rows.tolist() if isinstance(rows, torch.Tensor) else rows):
+            count = min(max(int(count), 0), a.shape[1])
+            out[g, :count] = dequantize(a[g, :count], scale_a[g, :count], name) @ weights[g].t()
+        return out
+    out = torch.zeros(a.shape[0], w.shape[1], dtype=torch.float64, device=a.device)
+    start = 0
+    for g, end in enumerate(group_row_ends(rows, a.shape[0])):
+        out[start:end] = dequantize(a[start:end], scale_a[start:end], name) @ weights[g].t()
+        start = end
+    return out
 
 
 # -- a call's checks ------------------------------------------------------------------------------
@@ -278,6 +344,17 @@ def requested_format(requested: tuple[tuple[str, object], ...], element: torch.d
         return None
     names = [name for name in RUNTIME_BLOCK_FORMATS if block_request(name)[0][1] == asked]
     return next((name for name in names if _element_dtype(name) == element), names[0])
+
+
+def grouped_block_format(scale_format) -> str | None:
+    """A grouped call's ``scale_format``: None (per-tensor or row-wise scales, as their shapes say,
+    torch._scaled_grouped_mm's way) or a block-scaled format (mxfp8, nvfp4, ...: the CC 10.x bundles'
+    block-scaled grouped kernels, this module); ValueError naming the argument otherwise."""
+    if scale_format is None or scale_format in RUNTIME_BLOCK_FORMATS:
+        return scale_format
+    raise ValueError(f"scale_format: grouped calls read per-tensor or row-wise scales from their shapes (pass None), "
+                     f"or take a block-scaled format ({', '.join(map(repr, RUNTIME_BLOCK_FORMATS))}); got "
+                     f"{scale_format!r}")
 
 
 def _element_dtype(name: str) -> torch.dtype:
@@ -342,23 +419,81 @@ def check_block_scale_tensors(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b
     device = a.get_device()
     dtype = scale_dtype(name)
     for which, scale, rows, source in (("scale_a", scale_a, m, "a's"), ("scale_b", scale_b, n, "the weight's")):
-        shape = blocked_shape(rows, k, name)
         fix = (f"pass to_blocked(s) of {source} row-major ({rows}, {k // block}) {fmt.scale.scale.value} scales "
                f"(tilekiln.blockscaled.to_blocked)")
-        if not isinstance(scale, torch.Tensor):
-            raise TypeError(f"{which}: expected a {dtype} CUDA tensor of shape {list(shape)}; got "
-                            f"{type(scale).__name__}; {fix}")
-        problems = []
-        if scale.dtype != dtype:
-            problems.append(f"dtype {scale.dtype}, not {dtype}")
-        if tuple(scale.shape) != shape:
-            problems.append(f"shape {list(scale.shape)}, not {list(shape)}")
-        elif not scale.is_contiguous():
-            problems.append(f"strides {list(scale.stride())}: not contiguous, so not the hardware's layout")
-        if scale.get_device() != device:
-            problems.append(f"on {scale.device}, not the inputs' device")
-        if problems:
-            raise ValueError(f"{which}: {'; '.join(problems)}; {fix}")
+        _check_blocked(which, scale, blocked_shape(rows, k, name), dtype, device, fix)
+
+
+def _check_blocked(which: str, scale, shape: tuple[int, ...], dtype: torch.dtype, device: int, fix: str) -> None:
+    """``scale`` is a contiguous ``dtype`` tensor of ``shape`` on ``device``: TypeError or ValueError
+    naming ``which``, listing what is wrong, then ``fix``."""
+    if not isinstance(scale, torch.Tensor):
+        raise TypeError(f"{which}: expected a {dtype} CUDA tensor of shape {list(shape)}; got "
+                        f"{type(scale).__name__}; {fix}")
+    problems = []
+    if scale.dtype != dtype:
+        problems.append(f"dtype {scale.dtype}, not {dtype}")
+    if tuple(scale.shape) != shape:
+        problems.append(f"shape {list(scale.shape)}, not {list(shape)}")
+    elif not scale.is_contiguous():
+        problems.append(f"strides {list(scale.stride())}: not contiguous, so not the hardware's layout")
+    if scale.get_device() != device:
+        problems.append(f"on {scale.device}, not the inputs' device")
+    if problems:
+        raise ValueError(f"{which}: {'; '.join(problems)}; {fix}")
+
+
+def check_grouped_block_operands(a: torch.Tensor, b: torch.Tensor, name: str, masked: bool) -> None:
+    """A block-scaled grouped call's operands: ``name``'s element type, ``a`` (total_M, K) (masked:
+    (G, M_max, K)) row-major and ``b`` (G, K, N) K-major (a (G, N, K) weight's ``.transpose(1, 2)``),
+    K a multiple of 4 blocks; packed e2m1 along K, so K counts twice a's last extent. The shapes'
+    agreement is make_grouped_problem's (tilekiln/grouped.py)."""
+    fmt = format_of(name)
+    step = ATOM_BLOCKS * fmt.scale.block
+    check_block_elements(a, b, name)
+    dims, layout = (3, "(G, M_max, K)") if masked else (2, "(total_M, K)")
+    if a.dim() != dims:
+        raise ValueError(f"a: a {name} grouped call takes a {layout}, got shape {list(a.shape)}")
+    if b.dim() != 3:
+        raise ValueError(f"b: a {name} grouped call takes b (G, K, N), a (G, N, K) weight's .transpose(1, 2), got "
+                         f"shape {list(b.shape)}")
+    packed = fmt.data.value == "e2m1"
+    if packed and a.stride(-1) != 1:
+        raise ValueError(f"a: {name} takes row-major float4_e2m1fn_x2 activations, two elements of K per byte; got "
+                         f"strides {list(a.stride())}")
+    k = a.shape[-1] * (2 if packed else 1)
+    if k % step:
+        raise ValueError(f"a: K = {k} is not a multiple of {step}; {name} kernels read scale factors in groups of "
+                         f"{ATOM_BLOCKS} blocks of {fmt.scale.block} (pad K with zeros to a multiple of {step})")
+    if (b.shape[1] > 1 or packed) and b.stride(1) != 1:
+        raise ValueError(f"b: {name} grouped calls take b K-major, a (G, N, K) weight's .transpose(1, 2); got strides "
+                         f"{list(b.stride())}")
+
+
+def check_grouped_block_scales(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b, name: str, masked: bool) -> None:
+    """A block-scaled grouped call's scales (after :func:`check_grouped_block_operands`): ``scale_b``
+    :func:`to_blocked` of the (G, N, K / block) weight scales, (G, ceil(N / 128), ceil(K / block / 4),
+    32, 4, 4); ``scale_a`` :func:`to_blocked_grouped` of the (total_M, K / block) activation scales,
+    (:func:`grouped_bands`, ceil(K / block / 4), 32, 4, 4), or masked, :func:`to_blocked` of the (G,
+    M_max, K / block) ones; each of the format's scale dtype, contiguous, on a's device."""
+    fmt = format_of(name)
+    block, scale_name = fmt.scale.block, fmt.scale.scale.value
+    groups, n = b.shape[0], b.shape[-1]
+    k = a.shape[-1] * (2 if fmt.data.value == "e2m1" else 1)
+    dtype, device = scale_dtype(name), a.get_device()
+    _check_blocked("scale_b", scale_b, (groups, *blocked_shape(n, k, name)), dtype, device,
+                   f"pass to_blocked(s) of the weights' row-major ({groups}, {n}, {k // block}) {scale_name} scales "
+                   "(tilekiln.blockscaled.to_blocked)")
+    if masked:
+        rows = a.shape[1]
+        _check_blocked("scale_a", scale_a, (groups, *blocked_shape(rows, k, name)), dtype, device,
+                       f"pass to_blocked(s) of a's row-major ({groups}, {rows}, {k // block}) {scale_name} scales "
+                       "(tilekiln.blockscaled.to_blocked)")
+        return
+    rows = a.shape[0]
+    _check_blocked("scale_a", scale_a, blocked_shape(grouped_bands(rows, groups) * ATOM_ROWS, k, name), dtype, device,
+                   f"pass to_blocked_grouped(s, offs) of a's row-major ({rows}, {k // block}) {scale_name} scales, "
+                   f"each group's rows padded to a multiple of {ATOM_ROWS} (tilekiln.blockscaled.to_blocked_grouped)")
 
 
 def check_scale_pointers(scale_a: torch.Tensor, scale_b: torch.Tensor) -> None:

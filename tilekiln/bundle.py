@@ -375,7 +375,7 @@ class Bundle:
                         requested: tuple[tuple[str, object], ...] = ()) -> Choice:
         """Which grouped kernel ``grouped_gemm(a, b, rows)`` (``grouped_gemm_masked`` when
         ``masked``) would run, and why not the others (fp8 inputs: the scaled kernels). ``requested``:
-        the epilogue asked for (swiglu, row-wise scales); a swiglu no kernel fuses is the ungated
+        the epilogue asked for (swiglu, row-wise scales, a block scale); a swiglu no kernel fuses is the ungated
         GEMM's choice, with a note that torch pairs the columns."""
         from tilekiln.grouped import choose_grouped_fused, make_grouped_problem, make_masked_problem
         from tilekiln.spec import SCALED_INPUTS
@@ -383,7 +383,8 @@ class Bundle:
         a_op = describe(a, "a")
         make = make_masked_problem if masked else make_grouped_problem
         problem = make(a_op, describe(b, "b"), describe(rows, "masked_m" if masked else "offs"),
-                       describe(out, "out") if out is not None else None, a_op.dtype in SCALED_INPUTS, requested)
+                       describe(out, "out") if out is not None else None,
+                       a_op.dtype in SCALED_INPUTS or dict(requested).get("block_scale") is not None, requested)
         choice, unfused = choose_grouped_fused(self, problem)
         if unfused:
             rest = ", ".join(f"{name} {value}" for name, value in unfused)
@@ -464,20 +465,22 @@ class Bundle:
                                         bias, scale_result)
 
     def grouped_gemm(self, a, b, offs, *, scale_a=None, scale_b=None, out=None, stream=None,
-                     kernel: str | None = None):
+                     kernel: str | None = None, scale_format: str | None = None):
         """``tilekiln.grouped_gemm`` on this bundle's kernels; ``kernel`` pins one by id."""
         if not (is_torch_tensor(a) and is_torch_tensor(b)):
             raise TypeError("grouped_gemm takes torch tensors (a and b); the operands given are "
                             f"{type(a).__name__} and {type(b).__name__}")
-        return torch_path().grouped_gemm(self, a, b, offs, scale_a, scale_b, out, stream, kernel)
+        return torch_path().grouped_gemm(self, a, b, offs, scale_a, scale_b, out, stream, kernel,
+                                         scale_format=scale_format)
 
     def grouped_gemm_masked(self, a, b, masked_m, *, scale_a=None, scale_b=None, out=None, stream=None,
-                            kernel: str | None = None):
+                            kernel: str | None = None, scale_format: str | None = None):
         """``tilekiln.grouped_gemm_masked`` on this bundle's kernels; ``kernel`` pins one by id."""
         if not (is_torch_tensor(a) and is_torch_tensor(b)):
             raise TypeError("grouped_gemm_masked takes torch tensors (a and b); the operands given are "
                             f"{type(a).__name__} and {type(b).__name__}")
-        return torch_path().grouped_gemm(self, a, b, masked_m, scale_a, scale_b, out, stream, kernel, masked=True)
+        return torch_path().grouped_gemm(self, a, b, masked_m, scale_a, scale_b, out, stream, kernel, masked=True,
+                                         scale_format=scale_format)
 
     def grouped_swiglu(self, a, w_gate_up, offs, *, scale_a=None, scale_b=None, out=None, stream=None,
                        kernel: str | None = None):

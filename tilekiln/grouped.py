@@ -24,7 +24,9 @@ The epilogue an expert MLP asks for (``requested``, as GemmProblem.requested): S
 gate_up GEMM (b's N columns interleave gate and up in blocks of GLU_BLOCK; the result has N/2),
 fused where a kernel computes it, else the GEMM and then torch's pairing (GroupedPlan.unfused);
 and row-wise fp8 scales, scale_a per row of a and scale_b (G, N) per group and column of b, which
-only a kernel with them runs.
+only a kernel with them runs. Block-scaled experts (mxfp8, nvfp4, ...: a ``block_scale`` request)
+run only on the block-scaled grouped kernels, their elements and scales checked by
+tilekiln/blockscaled.py.
 
 What is checked on every call, before any launch (a violation raises ``TypeError`` or
 ``ValueError`` naming the argument): every tensor's shape, dtype, device and strides; ``offs``
@@ -46,7 +48,7 @@ from tilekiln.bundle import raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
 from tilekiln.problem import GemmProblem, Layout2, gated, padded_lead
 from tilekiln.select import Choice, choose, choose_fused
-from tilekiln.spec import FAMILIES, MAX_EXTENT, SCALED_INPUTS
+from tilekiln.spec import BLOCK_SCALED_INPUTS, FAMILIES, MAX_EXTENT, SCALED_INPUTS
 
 MAX_GROUPS = FAMILIES["grouped"].indices[0].limit
 
@@ -108,9 +110,10 @@ def _check_rows(rows: Operand, groups: int, what: str) -> None:
 
 
 def _check_common(a: Operand, b: Operand, rows: Operand, out: Operand | None, out_shape: tuple[int, ...],
-                  scaled: bool, what: str) -> str:
+                  scaled: bool, what: str, block_scaled: bool = False) -> str:
     """The checks both layouts share (``a``'s own shape is checked by the caller); returns the
-    result's dtype."""
+    result's dtype. ``block_scaled``: the call asks for a block scale (its fp8 or fp4 elements and
+    scales are tilekiln/blockscaled.py's to check)."""
     if len(b.shape) != 3:
         _fail(ValueError, "b", f"expected a 3-D (G, K, N) tensor, one (K, N) matrix per group, got shape "
               f"{list(b.shape)}; nn.Linear-style weights (G, N, K) are passed as w.transpose(1, 2)")
@@ -124,8 +127,9 @@ def _check_common(a: Operand, b: Operand, rows: Operand, out: Operand | None, ou
               "(split the experts over several calls)")
     if a.dtype != b.dtype:
         _fail(TypeError, "b", f"dtype {b.dtype} differs from a's {a.dtype}; both must have the same dtype")
-    if scaled and a.dtype not in SCALED_INPUTS:
-        _fail(TypeError, "scale_a", f"scales are for 8-bit float inputs ({', '.join(SCALED_INPUTS)}); a is {a.dtype}")
+    inputs = tuple(dict.fromkeys(SCALED_INPUTS + (BLOCK_SCALED_INPUTS if block_scaled else ())))
+    if scaled and a.dtype not in inputs:
+        _fail(TypeError, "scale_a", f"scales are for 8-bit float inputs ({', '.join(inputs)}); a is {a.dtype}")
     if a.dtype in SCALED_INPUTS and not scaled:
         _fail(TypeError, "scale_a", f"{a.dtype} inputs need scales: pass scale_a and scale_b (one-element float32 "
               "tensors, or row-wise ones as torch._scaled_grouped_mm takes them)")
@@ -143,6 +147,11 @@ def _check_common(a: Operand, b: Operand, rows: Operand, out: Operand | None, ou
         if out.device != a.device:
             _fail(ValueError, "out", f"is on cuda:{out.device} but the inputs are on cuda:{a.device}")
     return out_dtype
+
+
+def _block_scaled(requested: tuple[tuple[str, object], ...]) -> bool:
+    """The call asks for block-scaled kernels (its scale_format is mxfp8, nvfp4, ...)."""
+    return dict(requested).get("block_scale") is not None
 
 
 def _weights(b: Operand) -> Layout2:
@@ -183,7 +192,7 @@ def make_grouped_problem(a: Operand, b: Operand, offs: Operand, out: Operand | N
     m, k = a.shape
     n = b.shape[-1] if len(b.shape) == 3 else 0
     out_n = _out_columns(b, requested)
-    out_dtype = _check_common(a, b, offs, out, (m, out_n), scaled, "cumulative row ends")
+    out_dtype = _check_common(a, b, offs, out, (m, out_n), scaled, "cumulative row ends", _block_scaled(requested))
     groups = b.shape[0]
     none = Layout2("", 0, 0)
     if 0 in (m, n, k):
@@ -207,7 +216,8 @@ def make_masked_problem(a: Operand, b: Operand, masked_m: Operand, out: Operand 
     groups, m, k = a.shape
     n = b.shape[-1] if len(b.shape) == 3 else 0
     out_n = _out_columns(b, requested)
-    out_dtype = _check_common(a, b, masked_m, out, (groups, m, out_n), scaled, "row counts")
+    out_dtype = _check_common(a, b, masked_m, out, (groups, m, out_n), scaled, "row counts",
+                              _block_scaled(requested))
     if b.shape[0] != groups:
         _fail(ValueError, "b", f"has {b.shape[0]} groups but a has {groups}; a is (G, M_max, K) and b (G, K, N)")
     none = Layout2("", 0, 0)

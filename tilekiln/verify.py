@@ -19,7 +19,8 @@ reference scaling the product by alpha and the residual by beta. SwiGLU kernels 
 grouped) run with N rounded up to whole gate/up block pairs (I then not a multiple of their tiles'
 half), writing N/2 columns, against the float64 product paired by torch. Block-scaled (mxfp8) kernels run on inputs
 quantized by ``tilekiln.blockscaled.quantize_operand`` (K rounded up to whole scale-factor atoms), their
-scales passed in the blocked layout, against the product of the dequantized inputs. A kernel passes when every
+scales passed in the blocked layout, against the product of the dequantized inputs; block-scaled grouped ones on
+the grouped routings, their scales blocked per group, against ``reference_grouped_mm``. A kernel passes when every
 relative error ||out - ref|| / ||ref|| is under :data:`TOLERANCE` and no
 output is NaN.
 
@@ -163,6 +164,9 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
     out_dtype = getattr(torch, FP8.get(cfg.dtypes.c.value) or HALF.get(cfg.dtypes.c.value, "float32"))
     fp8_result = cfg.dtypes.scaled_output
     scale_a, scale_b = (torch.tensor([s], device="cuda") for s in SCALES)
+    if cfg.family != "gemm" and _block_format(cfg) is not None:
+        yield from _block_scaled_grouped_runs(torch, bundle, kernel, gen, _block_format(cfg))
+        return
     if cfg.family != "gemm":
         yield from _grouped_runs(torch, bundle, kernel, gen, dtype, out_dtype, (scale_a, scale_b) if fp8 else None)
         return
@@ -182,8 +186,7 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
         return
     blockwise, rowwise = cfg.scaling is Scaling.BLOCKWISE, cfg.scaling is Scaling.ROWWISE
     pair = 2 * GLU_BLOCK if cfg.activation.gated else 1
-    block_format = next((name for name, f in BLOCK_SCALE_FORMATS.items()
-                         if (f.data, f.scale) == (cfg.dtypes.a, cfg.block_scale)), None)
+    block_format = _block_format(cfg)
     for batch, m, n, k in SHAPES:
         # A gated kernel pairs whole gate and up blocks; its result has half the columns.
         n = -(-n // pair) * pair
@@ -250,6 +253,48 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
                 ref = epilogue(a.double() @ b.double())
                 gemm(a, b, residual)  # in place: each element is read before it is written
                 yield f"{what} in place", residual, ref
+
+
+def _block_format(cfg) -> str | None:
+    """The block-scaled format (tilekiln/spec.py, BLOCK_SCALE_FORMATS) a kernel computes, or None."""
+    return next((name for name, f in BLOCK_SCALE_FORMATS.items()
+                 if (f.data, f.scale) == (cfg.dtypes.a, cfg.block_scale)), None)
+
+
+def _block_scaled_grouped_runs(torch, bundle, kernel: KernelRecord, gen, name: str):
+    """Runs of a block-scaled grouped kernel on the routings of GROUP_ROWS (K rounded up to whole
+    scale-factor atoms), its operands quantized by ``quantize_operand`` and its scales blocked per
+    group (``to_blocked_grouped``, or ``to_blocked`` of each batch entry when masked), each against
+    ``reference_grouped_mm``; a masked call's rows past each count must keep their NaN."""
+    from tilekiln import _torch
+    from tilekiln import blockscaled as bs
+
+    cfg = kernel.config
+    masked = cfg.family == "grouped_masked"
+    step = bs.ATOM_BLOCKS * cfg.block_scale.block
+    for (n, k), rows in zip(GROUP_NK, GROUP_ROWS):
+        k = -(-k // step) * step
+        groups = len(rows)
+        w, sw = bs.quantize_operand(torch.randn(groups, n, k, device="cuda", generator=gen), name)
+        what = f"{kernel.id} {groups} groups of {'/'.join(map(str, rows))} rows, N {n}, K {k}"
+        if masked:
+            a, sa = bs.quantize_operand(torch.randn(groups, max(rows), k, device="cuda", generator=gen), name)
+            out = _poisoned(torch, (groups, max(rows), n), torch.bfloat16)
+            _torch.run_grouped_gemm(bundle, a, w.transpose(1, 2), torch.tensor(rows, dtype=torch.int32, device="cuda"),
+                                    bs.to_blocked(sa), bs.to_blocked(sw), out, None, kernel.id, masked=True,
+                                    scale_format=name)
+            ref = bs.reference_grouped_mm(a, sa, w, sw, rows, name, masked=True)
+            got = torch.cat([out[g, :r] for g, r in enumerate(rows)])
+            if not all(torch.isnan(out[g, r:]).all() for g, r in enumerate(rows)):
+                got = torch.full_like(got, float("nan"))  # a row past masked_m was written
+            yield what, got, torch.cat([ref[g, :r] for g, r in enumerate(rows)])
+        else:
+            a, sa = bs.quantize_operand(torch.randn(sum(rows), k, device="cuda", generator=gen), name)
+            ends = torch.tensor(rows, device="cuda").cumsum(0).to(torch.int32)
+            out = _poisoned(torch, (sum(rows), n), torch.bfloat16)
+            _torch.run_grouped_gemm(bundle, a, w.transpose(1, 2), ends, bs.to_blocked_grouped(sa, ends),
+                                    bs.to_blocked(sw), out, None, kernel.id, scale_format=name)
+            yield what, out, bs.reference_grouped_mm(a, sa, w, sw, ends, name)
 
 
 def _grouped_runs(torch, bundle, kernel: KernelRecord, gen, dtype, out_dtype, scales):

@@ -22,8 +22,10 @@ ROUTINGS = (
 
 
 def plain(kernel) -> bool:
-    """A grouped kernel without the expert-MLP epilogues (tests/gpu/test_grouped_epilogues.py has those)."""
-    return not kernel.config.activation.gated and kernel.config.scaling.value == "tensor"
+    """A grouped kernel without the expert-MLP epilogues (tests/gpu/test_grouped_epilogues.py has those)
+    or block scales (tests/gpu/test_blockscaled_grouped.py)."""
+    return (not kernel.config.activation.gated and kernel.config.scaling.value == "tensor"
+            and kernel.config.block_scale is None)
 
 
 def grouped_kernels(bundle):

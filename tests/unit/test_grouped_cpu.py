@@ -231,8 +231,10 @@ def test_template_renders_a_grouped_kernel_whose_table_the_smem_model_counts():
                                                   "grouped_masked_sm100_bf16_bf16_f32_bf16_tn_128x128x64_c1x1",
                                                   "grouped_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1"}
     for ctx in ctxs:
-        # Hopper's warpgroup-MMA template, or the tcgen05 one on the Blackwell-family pipelines.
-        assert ctx.template.name == ("sm90_grouped" if ctx.entry.config.pipeline == "sm90" else "sm100_grouped")
+        # Hopper's warpgroup-MMA template, or the tcgen05 one on the Blackwell-family pipelines (its
+        # block-scaled form for block-scaled kernels).
+        tcgen05 = "sm100_blockscaled_grouped" if ctx.entry.config.block_scale else "sm100_grouped"
+        assert ctx.template.name == ("sm90_grouped" if ctx.entry.config.pipeline == "sm90" else tcgen05)
         assert ctx.entry.config.cluster.m == 1
         # Row ends and item ends, int32, one more entry than the most groups.
         assert ctx.plan.smem.table_bytes == 2 * (MAX_GROUPS + 1) * 4

@@ -261,7 +261,8 @@ def test_explain_says_whether_swiglu_and_row_wise_scales_are_fused(tmp_path):
         assert masked.kernel.id == MASKED_GATED.id
         with pytest.raises(ValueError, match="activation: grouped kernels fuse 'swiglu'"):
             tilekiln.explain(a, w.transpose(1, 2), offs=rows, activation="silu", bundle=fp8)
-        with pytest.raises(ValueError, match="scale_format: grouped kernels take per-tensor or row-wise"):
+        with pytest.raises(ValueError, match="scale_format: grouped calls read per-tensor or row-wise scales from "
+                                             "their shapes"):
             tilekiln.explain(a8, w8.transpose(1, 2), offs=rows, scale_format="blockwise", bundle=fp8)
 
 
@@ -288,12 +289,13 @@ def test_the_grouped_swiglu_operators_trace_as_one_node_with_half_the_columns(tm
         assert ops == ["tilekiln.grouped_gemm_masked_out.default"]
 
 
-def test_the_grouped_operators_schemas_take_the_activation_last_with_a_default():
+def test_the_grouped_operators_schemas_take_the_activation_and_the_scale_format_last_with_defaults():
     import tilekiln._torch  # noqa: F401  (registers the operators)
 
     for name in ("grouped_gemm", "grouped_gemm_out", "grouped_gemm_masked", "grouped_gemm_masked_out"):
         schema = getattr(torch.ops.tilekiln, name).default._schema
-        assert schema.arguments[-1].name == "activation" and schema.arguments[-1].default_value == "none"
+        assert [(x.name, x.default_value) for x in schema.arguments[-2:]] == [("activation", "none"),
+                                                                              ("scale_format", "")]
 
 
 def test_swiglu_weight_interleaves_each_experts_gate_and_up():

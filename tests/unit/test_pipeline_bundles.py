@@ -83,7 +83,7 @@ def test_every_blackwell_family_bundle_holds_grouped_kernels_of_both_layouts():
     template; sm107a's fp8 ones from the sm107 pipeline (64-byte MMA K), as its dense fp8 kernels."""
     targets = by_target()
     for target in ("sm_100a", "sm_100f", "sm_103a", "sm_107a"):
-        grouped = [c for c in targets[target] if c.entry.config.family != "gemm"]
+        grouped = [c for c in targets[target] if c.entry.config.family != "gemm" and c.entry.config.block_scale is None]
         assert {c.template.name for c in grouped} == {"sm100_grouped"}, target
         assert {(c.entry.config.family, c.entry.config.dtypes.a.value) for c in grouped} == {
             (f, d) for f in ("grouped", "grouped_masked") for d in ("bf16", "e4m3")}, target
@@ -91,3 +91,23 @@ def test_every_blackwell_family_bundle_holds_grouped_kernels_of_both_layouts():
             fp8_rubin = target == "sm_107a" and ctx.entry.config.dtypes.a.bits == 8
             assert ctx.entry.config.pipeline == ("sm107" if fp8_rubin else "sm100"), (target, ctx.entry.kernel_id)
             assert ctx.plan.mma_k_bytes == (64 if fp8_rubin else 32)
+
+
+def test_the_arch_specific_blackwell_bundles_hold_block_scaled_grouped_kernels():
+    """mxfp8 grouped kernels of both layouts and an nvfp4 contiguous one in sm100a, sm103a and sm107a,
+    from the block-scaled grouped template; sm107a's mxfp8 ones and its fp4-e5m3 one from the sm107
+    pipeline (64-byte MMA K), its nvfp4 one on the 32-byte MMA (BLOCK-SCALE-MMA-K). sm100f has none:
+    the block-scaled MMA is arch-specific."""
+    targets = by_target()
+    for target in ("sm_100a", "sm_103a", "sm_107a"):
+        grouped = [c for c in targets[target] if c.entry.config.family != "gemm" and c.entry.config.block_scale]
+        assert {c.template.name for c in grouped} == {"sm100_blockscaled_grouped"}, target
+        # sm107a adds fp4 with e5m3 scales, which only SM 10.7 has (DTYPE-ARCH)
+        e5m3 = {("grouped", "e2m1", "e5m3")} if target == "sm_107a" else set()
+        assert {(c.entry.config.family, c.entry.config.dtypes.a.value, c.entry.config.block_scale.scale.value)
+                for c in grouped} == {("grouped", "e4m3", "e8m0"), ("grouped_masked", "e4m3", "e8m0"),
+                                      ("grouped", "e2m1", "e4m3")} | e5m3, target
+        for ctx in grouped:
+            k64 = target == "sm_107a" and ctx.entry.config.block_scale.block == 32
+            assert (ctx.entry.config.pipeline, ctx.plan.mma_k_bytes) == (("sm107", 64) if k64 else ("sm100", 32))
+    assert not [c for c in targets["sm_100f"] if c.entry.config.block_scale]

@@ -1,0 +1,227 @@
+"""The block-scaled grouped template (templates/sm100_blockscaled_grouped.py.j2) compiles for the
+Blackwell-family targets into what its plan says, and its host launch path launches what the
+validator derived.
+
+No Blackwell or Rubin part has run these kernels: this census and the recorded launches are what
+verifies them. The catalog's six kernels (catalog/gemm/sm100_blockscaled_grouped.yaml and the
+grouped items of sm107_blockscaled.yaml), each for one target: mxfp8 and nvfp4 in the contiguous
+layout, mxfp8 in the masked one, mxfp8 on the sm107 pipeline's 64-byte K in both, and fp4 with
+e5m3 scales (SM 10.7 only) contiguous. Per kernel:
+
+* the block-scaled MMA: UTCQMMA for e4m3 data (kind::mxf8f6f4), UTCOMMA for e2m1 (mxf4nvf4, its
+  16-element-block form, ``.BLOCK16`` as nvdisasm spells it for sm_103a), ``k_blocks`` of them per
+  K slice, each naming three tensor-memory operands (the accumulator and the scale factors of A
+  and of B), never ``.2CTA``;
+* one ``UTCCP.T.S.4x32dp128bit`` per 512-byte scale-factor atom of the stage's SFA and SFB;
+* TMA loads of A, B and both scale-factor tensors, TMA stores, the partial tile's predicated
+  stores (STG) and the group table's loads (LDG), no local memory, registers within the facts, the
+  shared memory the plan modelled (scale-factor rings and group table included);
+* launched through the driver (the recording stand-in of test_launch_record.py) with grid (1, 1,
+  min(work-item bound, resident clusters)), the plan's threads and dynamic shared memory, the
+  cluster attribute, for contiguous and masked problems.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+
+from builder.compile.cubin import compiled_for, disassemble
+from tests.compile.conftest import run_build
+from tests.compile.test_launch_record import (FUNC_MAX_DYNAMIC_SMEM, LAUNCH_CLUSTER_DIM, Launch, Recorded,
+                                              link_recording_library, recorded_launch)
+from tests.fixture_catalogs import make_project
+from tilekiln._tensors import Operand
+from tilekiln.blockscaled import block_request
+from tilekiln.grouped import MAX_GROUPS, launch_grouped, make_grouped_problem, make_masked_problem, plan_grouped
+from tilekiln.problem import requested_epilogue
+
+pytestmark = pytest.mark.compile
+
+SM100 = """pipeline: sm100
+targets: [sm_100a]
+defaults:
+  family: grouped
+  dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}
+  block_scale: {scale: e8m0, block: 32}
+  layout: tn
+kernels:
+  - tile: [128, 256, 128]
+    cluster: [1, 1]
+    targets: [sm_100a]
+  - tile: [128, 256, 256]
+    cluster: [1, 1]
+    dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}
+    block_scale: {scale: e4m3, block: 16}
+    targets: [sm_103a]
+  - family: grouped_masked
+    tile: [128, 128, 128]
+    cluster: [1, 1]
+    targets: [sm_100a]
+"""
+SM107 = """pipeline: sm107
+targets: [sm_107a]
+defaults:
+  dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}
+  block_scale: {scale: e8m0, block: 32}
+  layout: tn
+kernels:
+  - family: grouped
+    tile: [128, 256, 128]
+    cluster: [1, 1]
+  - family: grouped_masked
+    tile: [128, 128, 128]
+    cluster: [1, 1]
+  - family: grouped
+    tile: [128, 256, 256]
+    cluster: [1, 1]
+    dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}
+    block_scale: {scale: e5m3, block: 32}
+"""
+KERNELS = {
+    "grouped_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_sfe8m0x32": "sm_100a",
+    "grouped_sm100_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe4m3x16": "sm_103a",
+    "grouped_masked_sm100_e4m3_e4m3_f32_bf16_tn_128x128x128_c1x1_sfe8m0x32": "sm_100a",
+    "grouped_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_sfe8m0x32": "sm_107a",
+    "grouped_masked_sm107_e4m3_e4m3_f32_bf16_tn_128x128x128_c1x1_sfe8m0x32": "sm_107a",
+    "grouped_sm107_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe5m3x32": "sm_107a",
+}
+FORMATS = {("e4m3", "e8m0", 32): "mxfp8", ("e2m1", "e4m3", 16): "nvfp4", ("e2m1", "e5m3", 32): "fp4-e5m3-b32"}
+MMA_BY_BITS = {8: "UTCQMMA", 4: "UTCOMMA"}
+MMA_OPCODES = ("UTCHMMA", "UTCQMMA", "UTCOMMA", "UTCIMMA")
+ATOM_BYTES = 512  # one scale-factor atom: 128 rows x 4 blocks
+# nvdisasm's spelling of the MMA with a 16-element scale block: .4X for sm_100a, .BLOCK16 for sm_103a
+# and sm_107a (CUDA 13 toolchain, measured; test_blockscaled_kernels.py has sm_100a's and sm_107a's).
+BLOCK16_FORM = {"sm_103a": ".BLOCK16", "sm_107a": ".BLOCK16"}
+STORES = re.compile(r"\bSTG\.E(?:\.[A-Z0-9]+)*\b")
+LOADS = re.compile(r"\bLDG\.E(?:\.[A-Z0-9]+)*\b")
+# (total_M or M_max, N, K, G): decode-sized, ragged, large with many groups, one group.
+PROBLEMS = ((16, 4096, 4096, 8), (1008, 1280, 512, 3), (8192, 1536, 2048, 128), (300, 256, 256, 1))
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    base = tmp_path_factory.mktemp("blockscaled_grouped")
+    files = []
+    for name, text in (("sm100.yaml", SM100), ("sm107.yaml", SM107)):
+        files.append(base / name)
+        files[-1].write_text(text)
+    result = run_build(make_project(base / "project", files), base / "artifacts", base / "cache", jobs=2)
+    assert result.ok, [r.error for b in result.bundles for r in b.failed]
+    return result
+
+
+@pytest.fixture(scope="module")
+def records(build):
+    return {r.kernel_id: (b, r) for b in build.bundles for r in b.records}
+
+
+def test_the_catalog_builds_each_kernel_for_its_target(records):
+    assert {kid: b.arch for kid, (b, _) in records.items()} == KERNELS
+
+
+def mma_lines(sass: str) -> list[str]:
+    return [line for line in sass.splitlines() if re.search(r"\bUTC[A-Z]MMA\b", line)]
+
+
+@pytest.mark.parametrize("kernel_id", sorted(KERNELS))
+def test_kernel_compiles_to_the_block_scaled_mma_its_plan_names(records, kernel_id):
+    bundle, record = records[kernel_id]
+    cfg, plan = record.ctx.entry.config, record.ctx.plan
+    assert record.ctx.template.name == "sm100_blockscaled_grouped"
+    assert record.status == "compiled" and compiled_for(record.cubin) == KERNELS[kernel_id]
+    mma = MMA_BY_BITS[cfg.dtypes.a.bits]
+    assert record.info.count(mma) == plan.k_blocks == plan.cta_k_bytes // plan.mma_k_bytes, dict(record.info.census)
+    assert all(record.info.count(op) == 0 for op in MMA_OPCODES if op != mma)
+    sass = disassemble(record.cubin)
+    lines = mma_lines(sass)
+    form = f"{mma}{BLOCK16_FORM.get(bundle.arch, '.4X')}" if cfg.block_scale.block == 16 else mma
+    assert {re.search(r"\b(UTC[A-Z]MMA(?:\.[A-Z0-9_]+)*)", line).group(1) for line in lines} == {form}
+    assert all(line.count("tmem[") == 3 for line in lines), lines
+    one_stage = plan.smem.scale_bytes // plan.stages
+    assert len(re.findall(r"\bUTCCP\.T\.S\.4x32dp128bit\b", sass)) == one_stage // ATOM_BYTES
+    assert "2CTA" not in sass
+    assert record.info.count("UTMALDG") >= 4 and record.info.count("UTMASTG") > 0
+    # The partial tile's predicated stores, and the group table's reads of offs / masked_m.
+    assert STORES.search(sass) and LOADS.search(sass)
+    assert not record.info.spills and record.info.local_bytes == 0 and record.info.stack_bytes == 0
+    assert record.info.count("LDL") == 0 and record.info.count("STL") == 0
+    facts = record.ctx.facts
+    assert record.info.registers <= facts.require("max_registers_per_thread")
+    assert record.info.registers * plan.threads <= facts.require("registers_per_sm")
+    assert record.info.static_smem_bytes == plan.smem.static_bytes
+    assert plan.smem.table_bytes == 2 * (MAX_GROUPS + 1) * 4
+    manifest = json.loads((bundle.path / "manifest.json").read_text())
+    (kernel,) = [k for k in manifest["kernels"] if k["id"] == kernel_id]
+    assert kernel["resources"]["smem_bytes"] == plan.smem.total <= plan.smem_budget
+    assert kernel["verification"] == "compile-verified"
+
+
+def test_the_sm107_pipeline_issues_the_64_byte_k_mma(records):
+    """Two UTCQMMAs per 128-byte K slice where the sm100 pipeline's mxfp8 kernel issues four."""
+    _, k64 = records["grouped_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_sfe8m0x32"]
+    _, k32 = records["grouped_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_sfe8m0x32"]
+    assert (k64.ctx.plan.mma_k_bytes, k32.ctx.plan.mma_k_bytes) == (64, 32)
+    assert (k64.info.count("UTCQMMA"), k32.info.count("UTCQMMA")) == (2, 4)
+    # Two 256-column accumulators beside the scale factors: SM 10.7's exclusive 576-column allocation,
+    # where the sm100 pipeline's 128x256 keeps one accumulator in 512.
+    assert (k64.ctx.plan.acc_stages, k64.ctx.plan.tmem_alloc_columns) == (2, 576) and 'arch="sm_107"' in k64.source
+    assert (k32.ctx.plan.acc_stages, k32.ctx.plan.tmem_alloc_columns) == (1, 512)
+
+
+def test_a_contiguous_tile_reads_its_groups_scale_band(records):
+    """The rendered kernel takes each tile's SFA band from the group table (item end / N cluster
+    tiles), and sizes SFA for ceil(total_M / 128) + G - 1 bands (tilekiln.blockscaled.grouped_bands)."""
+    _, record = records["grouped_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_sfe8m0x32"]
+    assert "band = item_ends[group] // cluster_tiles_n + (row - row_ends[group]) // SF_BAND_ROWS" in record.source
+    assert "sfa_shape = (((m + SF_BAND_ROWS - 1) // SF_BAND_ROWS + groups - 1) * SF_BAND_ROWS, k, 1)" in record.source
+
+
+def test_every_block_scaled_grouped_kernel_launches_as_its_plan_says(build, tmp_path):
+    launched = set()
+    for bundle in build.bundles:
+        recorded = Recorded(bundle, link_recording_library(bundle, tmp_path / "lib"), tmp_path)
+        for kernel_id, record in recorded.records.items():
+            ctx = record.ctx
+            cfg, plan = ctx.entry.config, ctx.plan
+            recorded.configure(record.info.static_smem_bytes, ctx.facts.require("smem_per_block_optin"))
+            dtype = cfg.dtypes.a.value
+            name = FORMATS[(dtype, cfg.block_scale.scale.value, cfg.block_scale.block)]
+            requested = requested_epilogue(**dict(block_request(name)))
+            masked = cfg.family == "grouped_masked"
+            tiles_n = lambda n: math.ceil(n / cfg.tile.n)  # noqa: E731
+            events_before = len(recorded.events())
+            for m, n, k, groups in PROBLEMS:
+                b = Operand("b", (groups, k, n), (n * k, 1, k), dtype, 0x7F1000000000, 0, None)
+                rows = Operand("rows", (groups,), (1,), "i32", 0x7F3000000000, 0, None)
+                if masked:
+                    a = Operand("a", (groups, m, k), (m * k, k, 1), dtype, 0x7F0000000000, 0, None)
+                    out = Operand("out", (groups, m, n), (m * n, n, 1), "bf16", 0x7F2000000000, 0, None)
+                    problem = make_masked_problem(a, b, rows, out, True, requested)
+                    bound = math.ceil(m / cfg.tile.m) * groups * tiles_n(n)
+                else:
+                    a = Operand("a", (m, k), (k, 1), dtype, 0x7F0000000000, 0, None)
+                    out = Operand("out", (m, n), (n, 1), "bf16", 0x7F2000000000, 0, None)
+                    problem = make_grouped_problem(a, b, rows, out, True, requested)
+                    bound = (math.ceil(m / cfg.tile.m) + groups) * tiles_n(n)
+                grouped = plan_grouped(recorded.bundle, problem, kernel_id)
+                kernel = next(kr for kr in recorded.bundle.kernels if kr.id == kernel_id)
+                resident = recorded.bundle.resident_clusters(kernel, 0)
+                before = len(recorded.events())
+                launch_grouped(recorded.bundle, grouped, a.ptr, b.ptr, out.ptr, rows.ptr, 0,
+                               0x7F4000000000, 0x7F5000000000)
+                (launch,) = [e for e in recorded.events()[before:] if e["event"] == "launch"]
+                assert launch["path"] == "driver", launch
+                expected = Launch((1, 1, max(1, min(bound, resident))), (plan.threads, 1, 1),
+                                  plan.smem.dynamic_bytes, (1, 1, 1), 1)
+                assert recorded_launch(launch) == expected, (kernel_id, m, n, k, groups)
+                assert LAUNCH_CLUSTER_DIM in {attr["id"] for attr in launch["attributes"]}
+            attributes = {e["attribute"]: e["value"] for e in recorded.events()[events_before:]
+                          if e["event"] == "kernel_attribute"}
+            budget = plan.smem_budget - ctx.template.manifest.parameters.static_smem_bytes
+            assert attributes[FUNC_MAX_DYNAMIC_SMEM] == budget >= plan.smem.dynamic_bytes, kernel_id
+            launched.add(kernel_id)
+    assert launched == set(KERNELS)
