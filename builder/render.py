@@ -16,7 +16,7 @@ from pathlib import Path
 import jinja2
 
 from builder.check.context import KernelContext
-from tilekiln.spec import BLOCK_EXTENTS, BLOCKWISE_BLOCK, FAMILIES, GLU_BLOCK, SCALED_OUTPUTS
+from tilekiln.spec import BLOCK_EXTENTS, BLOCKWISE_BLOCK, FAMILIES, GLU_BLOCK, SCALED_OUTPUTS, Scheduler
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,9 @@ def template_context(ctx: KernelContext) -> dict[str, object]:
         "glu_block": GLU_BLOCK,
         "c_finite_max": SCALED_OUTPUTS.get(cfg.dtypes.c.value, 0.0),
         # Read only by kernels that hint a load, so a pipeline without the fact builds the rest.
+        "clc": cfg.scheduler is Scheduler.CLC,
+        # Read only by clc kernels, so a pipeline without cluster launch control builds the rest.
+        "clc_response_bytes": ctx.facts.require("clc_response_bytes") if cfg.scheduler is Scheduler.CLC else 0,
         "evict_first_policy": hex(ctx.facts.require("tma_cache_policy_evict_first")) if cfg.evict_first else "0",
     }
 

@@ -11,14 +11,15 @@ from tilekiln._tensors import Operand
 from tilekiln.manifest import (ABI_VERSION, MANIFEST_NAME, BundleInfo, DriverFloor, Manifest, Provenance, TuningTable,
                                manifest_digest)
 from tilekiln.spec import (MAX_EXTENT, Activation, Bias, Blob, CatalogRef, Cluster, Contract, DType, DTypes, KernelRecord,
-                           Layout, Residual, Resources, Scalars, Scaling, Symbols, TemplateRef, Tile, Verified)
+                           Layout, Residual, Resources, Scalars, Scaling, Scheduler, Symbols, TemplateRef, Tile,
+                           Verified)
 
 
 def kernel_record(index: int, kernel_id: str, tile: tuple[int, int, int], cluster=(1, 1), a: str = "k",
                   b: str = "k", dtypes: tuple[str, str, str, str] = ("bf16", "bf16", "f32", "bf16"), div: int = 8,
                   swap_ab: bool = False, verified_on: tuple[str, ...] = (), activation: str = "none",
                   bias: str = "none", scaling: str = "tensor", residual: str = "none",
-                  scalars: str = "none") -> KernelRecord:
+                  scalars: str = "none", scheduler: str = "static") -> KernelRecord:
     """An sm90 kernel record; ``a``/``b`` are the operands' majorness as the runtime spells it."""
     from tilekiln.spec import KernelConfig
 
@@ -26,7 +27,7 @@ def kernel_record(index: int, kernel_id: str, tile: tuple[int, int, int], cluste
                           layout=Layout(a_k_major=a == "k", b_k_major=b == "k"), tile=Tile(*tile),
                           cluster=Cluster(*cluster), swap_ab=swap_ab, bias=Bias(bias),
                           activation=Activation(activation), scaling=Scaling(scaling), residual=Residual(residual),
-                          scalars=Scalars(scalars))
+                          scalars=Scalars(scalars), scheduler=Scheduler(scheduler))
     return KernelRecord(
         index=index, id=kernel_id, config=config, stages=4, threads=384,
         contract=Contract(16, (div, div, div), MAX_EXTENT),

@@ -19,6 +19,13 @@ GEMM is priced by the weight it streams, and a large grid walked without a
 swizzle band by the A panels every wave reloads. The model only ranks
 candidates; ``tilekiln tune`` replaces it with measurements where it errs.
 
+Where two accepted kernels differ only in their scheduler (``scheduler: clc`` beside the static
+walk: tilekiln/spec.py, Scheduler), the model prices them the same and the cluster-launch-control
+kernel wins the tie: its clusters take tiles as they finish, so SMs shared with other work or
+tiles of uneven cost leave no cluster idle while another still has a queue. This preference is
+untested on hardware (no SM 10.x part has run either kernel); ``tilekiln tune`` measures both and
+overrides it per shape bucket.
+
 Callers that can run a split-K plan (torch tensors; ``tilekiln/splitk.py``)
 also get the fp32-partial kernels over K slices as candidates, named
 ``<kernel id>/splitk<S>``; the model prices them at ``SPLIT_OVERHEAD`` times
@@ -32,7 +39,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from tilekiln.problem import GemmProblem, gated, ungated
-from tilekiln.spec import GLU_BLOCK, KernelRecord, requested_fields
+from tilekiln.spec import GLU_BLOCK, KernelRecord, Scheduler, requested_fields
 from tilekiln.splitk import PARTIAL_DTYPE, SPLIT_OVERHEAD, label, sliced
 
 # The model's reuse term: tile intensity m*n/(m+n) over itself plus this
@@ -83,7 +90,7 @@ class Choice:
     def __str__(self) -> str:
         lines = [f"chosen: {self.label} ({self.how}; {self.kernel.verification_label})" if self.kernel else
                  f"chosen: {self.label} ({self.how})"]
-        for c in sorted(self.candidates, key=lambda c: (not c.accepted, c.estimate, c.label)):
+        for c in sorted(self.candidates, key=lambda c: (not c.accepted, *_model_rank(c))):
             mark = "accept" if c.accepted else "reject"
             est = f" estimate {c.estimate:.3g}" if c.accepted else ""
             lines.append(f"  {mark} {c.label}:{est} {c.reason}")
@@ -223,8 +230,13 @@ def choose(kernels: tuple[KernelRecord, ...], problem: GemmProblem, sm_count: in
         return Choice(None, "none", tuple(candidates))
     tuned_label = tuning.get(shape_bucket(problem, layout_code(problem)))
     tuned = [c for c in accepted if c.label == tuned_label]
-    best, how = (tuned[0], "tuned") if tuned else (min(accepted, key=lambda c: (c.estimate, c.label)), "model")
+    best, how = (tuned[0], "tuned") if tuned else (min(accepted, key=_model_rank), "model")
     return Choice(best.kernel, how, tuple(candidates), best.split, best.run)
+
+
+def _model_rank(c: Candidate) -> tuple:
+    """Lowest estimate first; on a tie a clc kernel before its static twin (module doc), then the id."""
+    return c.estimate, c.kernel.config.scheduler is not Scheduler.CLC, c.label
 
 
 def choose_fused(choose_for: Callable[[GemmProblem], Choice], problem: GemmProblem

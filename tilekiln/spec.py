@@ -106,6 +106,17 @@ class Raster(str, enum.Enum):
     N = "n"
 
 
+class Scheduler(str, enum.Enum):
+    """How a persistent kernel's clusters find their output tiles. static: a grid of as many clusters
+    as the device holds at once, cluster p walking work items p, p + P, ... . clc: a grid of every
+    output cluster tile; a running cluster takes the next tile by cancelling a cluster not yet
+    launched (cluster launch control, ``clusterlaunchcontrol.try_cancel``, SM 10.x), so clusters
+    that finish early take more tiles."""
+
+    STATIC = "static"
+    CLC = "clc"
+
+
 class Activation(str, enum.Enum):
     """The elementwise function the epilogue applies to the scaled fp32 accumulator before it rounds
     it to the output type. gelutanh is GELU's tanh approximation, geluerf the exact (erf) form.
@@ -611,6 +622,10 @@ class KernelConfig:
     scalars: Scalars = _field(EnumCodec(Scalars), "whether the epilogue multiplies the product by alpha and the "
                               "residual by beta, numbers passed by value", Scalars.NONE, selection=True,
                               support=("scalars", "values"), requested=True, applied_after=False)
+    # The runtime tells the two apart: it prefers clc where a kernel differs only by it (tilekiln/select.py).
+    scheduler: Scheduler = _field(EnumCodec(Scheduler), "how persistent clusters find their tiles: a static "
+                                  "walk, or cluster launch control (clc)", Scheduler.STATIC, selection=True,
+                                  support=("schedulers", "values"))
     raster: Raster = _field(EnumCodec(Raster, "r"), "order of the persistent tile walk", Raster.M)
     swizzle: int = _field(CountCodec("sw"), "tiles per band in the raster walk (L2 reuse)", 1)
     # Data read once (the weights of a skinny GEMM) gives way first, so the operand every CTA

@@ -21,6 +21,7 @@ from rich.table import Table
 from builder.package.artifact import Artifact
 from builder.package.wheel import RUNTIME_DISTRIBUTION, SizeRow
 from tilekiln.manifest import MANIFEST_NAME
+from tilekiln.spec import Scheduler
 from tilekiln.tuning.table import TUNING_NAME
 
 # Kernel fields that differ between equal kernels: the position in the table,
@@ -71,13 +72,14 @@ def print_inspect(a: Artifact, console: Console) -> None:
                   f"integrity: ok ({len(m.files)} files match the sha256 in {MANIFEST_NAME}, and the manifest its own)")
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for col in ("kernel", "dtypes a,b,acc,c", "layout", "tile", "cluster", "regs", "smem B", "cubin B", "mma",
-                "verification"):
+                "scheduler", "verification"):
         table.add_column(col, justify="right" if col in ("regs", "smem B", "cubin B") else "left")
     for k in m.kernels:
         c = k.config
         table.add_row(k.id, ",".join(c.dtypes.tokens), c.layout.code, f"{c.tile.m}x{c.tile.n}x{c.tile.k}",
                       f"{c.cluster.m}x{c.cluster.n}", str(k.resources.registers), str(k.resources.smem_bytes),
-                      str(k.cubin.bytes), _mma(k.resources.sass), k.verification_label)
+                      str(k.cubin.bytes), _mma(k.resources.sass), _scheduler(c.scheduler, k.resources.sass),
+                      k.verification_label)
     _print_table(console, table)
     prov = m.provenance
     console.print("provenance")
@@ -102,6 +104,14 @@ def print_inspect(a: Artifact, console: Console) -> None:
 def _mma(sass: dict[str, int]) -> str:
     """The matrix instructions of a SASS census and their counts, e.g. ``UTCQMMA 2``."""
     return ", ".join(f"{op} {n}" for op, n in sass.items() if op.endswith("MMA") and n) or "none"
+
+
+def _scheduler(scheduler: Scheduler, sass: dict[str, int]) -> str:
+    """The tile scheduler, and for clc the census count of its try_cancel (UGETNEXTWORKID), which
+    shows the scheduler warp made it into the cubin."""
+    if scheduler is Scheduler.STATIC:
+        return scheduler.value
+    return f"{scheduler.value} (UGETNEXTWORKID {sass.get('UGETNEXTWORKID', 0)})"
 
 
 def _kind(kind: str) -> str:

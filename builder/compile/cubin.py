@@ -26,9 +26,11 @@ from pathlib import Path
 
 from builder.compile.toolchain import cuda_binutils
 
-# Opcode families reported in the build report and the manifest.
+# Opcode families reported in the build report and the manifest. UGETNEXTWORKID is
+# clusterlaunchcontrol.try_cancel (``.BROADCAST`` for multicast::cluster::all), measured on the
+# scheduler: clc kernels of nvidia-cutlass-dsl 4.8.1: a clc kernel's scheduler warp issues it.
 CENSUS_OPCODES = ("HGMMA", "QGMMA", "IGMMA", "UTCHMMA", "UTCQMMA", "UTCOMMA", "UTCIMMA",
-                  "UTMALDG", "UTMASTG", "STSM", "LDL", "STL")
+                  "UTMALDG", "UTMASTG", "STSM", "LDL", "STL", "UGETNEXTWORKID")
 
 _RES_RE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
 _SASS_RE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")

@@ -130,6 +130,8 @@ class FactsBody(YamlModel):
     max_cluster_size: Fact[StrictInt] | None = None
     max_cluster_size_nonportable: Fact[StrictInt] | None = None
     cluster_dims_power_of_two: Fact[StrictBool] | None = None
+    cluster_launch_control: Fact[StrictBool] | None = None
+    clc_response_bytes: Fact[StrictInt] | None = None
     tma_box_dim_max: Fact[StrictInt] | None = None
     tma_alignment_bytes: Fact[StrictInt] | None = None
     tma_cache_policy_evict_first: Fact[StrictInt] | None = None

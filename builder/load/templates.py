@@ -100,6 +100,10 @@ class Tcgen05Parameters(YamlModel):
     oversized_smem_launch: StrictBool = Field(description="the generated launch requests the oversized carveout")
     programmatic_launch: StrictBool = Field(
         description="the generated launch allows programmatic stream serialization (PDL)")
+    scheduler_threads: StrictCount = Field(
+        0, description="threads a scheduler: clc kernel adds for its scheduler warp (0: the template builds none)")
+    clc_stages: StrictCount = Field(
+        0, description="cluster-launch-control responses a scheduler: clc kernel buffers in shared memory")
     max_scale_blocks_per_mma: StrictPositiveInt | None = Field(
         None, description="block-scaled templates: the most scale blocks along K one MMA may read")
     index_tables: StrictCount = Field(

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 # 2.2: `config.bias` (absent: none).
 # 2.3: `config.residual` (absent: none) and `config.scaling` rowwise.
 # 2.4: `config.scalars` (absent: none).
-MANIFEST_SCHEMA_VERSION = "2.4"
+# 2.5: `config.scheduler` (absent: static) and the census opcode UGETNEXTWORKID in `resources.sass`.
+MANIFEST_SCHEMA_VERSION = "2.5"
 
 
 def runtime_requirement(runtime_version: str) -> str:

@@ -69,7 +69,8 @@ from tilekiln._files import write_atomic
 # Bump when compile.py changes what it feeds the DSL or how it exports.
 # 2: workers drop the caller's CUTE_DSL_* variables; results carry the toolchain.
 # 3: the census comes from nvdisasm -c -ndf (same counts, other tool, so new metadata).
-COMPILE_PROTOCOL = 3
+# 4: the census also counts UGETNEXTWORKID (cluster launch control), absent from older metadata.
+COMPILE_PROTOCOL = 4
 
 
 @dataclass(frozen=True)

@@ -288,3 +288,17 @@ def test_int8_mma_exists_only_where_the_facts_say(tmp_path):
                                                        for a in (allowed[0], gated[0])])}
     assert isinstance(results[allowed[0]], CompileOutput), results[allowed[0]]
     assert isinstance(results[gated[0]], CompileFailure), f"int8 compiled for {gated[0]}: fix only_on in {facts.file}"
+
+
+@pytest.mark.parametrize("pipeline", FACTS.pipelines, ids=lambda p: p.pipeline)
+def test_cluster_launch_control(dsl, pipeline):
+    """Cluster launch control is a tcgen05-generation feature (sm_100 and later), and its response
+    is the 128-bit value the DSL's clc_response loads before query_cancel decodes it."""
+    import inspect
+
+    cutlass, cute = dsl
+    has = pipeline.require("cluster_launch_control")
+    assert has == (pipeline.require("mma_instruction") == "tcgen05"), pipeline.file
+    if has:
+        assert "Int128" in inspect.getsource(cute.arch.clc_response), "the DSL reads another response width"
+        assert pipeline.require("clc_response_bytes") * 8 == cutlass.Int128.width, pipeline.file

@@ -17,7 +17,8 @@ each kernel must have launched:
 * with grid (cluster_m, cluster_n, min(work items, resident clusters)), the work
   items counted in the MMA's terms (M and N swapped under ``swap_ab``) and the
   resident clusters the runtime took from the occupancy query (the SM count for
-  one-CTA clusters);
+  one-CTA clusters); a ``scheduler: clc`` kernel with grid (cluster_m x work
+  items, cluster_n, 1), one cluster per item whatever the device holds;
 * with the plan's threads per CTA and dynamic shared memory, the cluster
   dimension attribute, and programmatic stream serialization exactly when the
   template's manifest declares ``programmatic_launch``;
@@ -45,7 +46,7 @@ from builder.pipeline.build import BundleResult
 from tilekiln._tensors import Operand
 from tilekiln.bundle import Bundle
 from tilekiln.manifest import VerifiedBundle, read_manifest
-from tilekiln.spec import requested_fields
+from tilekiln.spec import Scheduler, requested_fields
 
 pytestmark = pytest.mark.compile
 
@@ -80,7 +81,9 @@ def expected_launch(ctx: KernelContext, m: int, n: int, batch: int, resident: in
     rows, cols = (n, m) if cfg.swap_ab else (m, n)
     items = (math.ceil(math.ceil(rows / cfg.tile.m) / cfg.cluster.m)
              * math.ceil(math.ceil(cols / cfg.tile.n) / cfg.cluster.n) * batch)
-    return Launch((cfg.cluster.m, cfg.cluster.n, max(1, min(items, resident))), (plan.threads, 1, 1),
+    grid = ((cfg.cluster.m * items, cfg.cluster.n, 1) if cfg.scheduler is Scheduler.CLC
+            else (cfg.cluster.m, cfg.cluster.n, max(1, min(items, resident))))
+    return Launch(grid, (plan.threads, 1, 1),
                   plan.smem.dynamic_bytes, (cfg.cluster.m, cfg.cluster.n, 1),
                   int(ctx.template.manifest.parameters.programmatic_launch))
 
@@ -230,6 +233,18 @@ def test_every_sm103_block_scaled_kernel_launches_as_its_plan_says(sm103_blocksc
     scratch = tmp_path_factory.mktemp("recorded-sm103-blockscaled")
     (result,) = sm103_blockscaled_build.bundles
     _check_launches(Recorded(result, link_recording_library(result, scratch / "lib"), scratch), FP4_PROBLEMS)
+
+
+def test_a_clc_kernel_launches_every_cluster_tile_and_a_static_one_the_resident_clusters(recorded_bundles):
+    """The large problem has more cluster tiles than the stand-in device holds (OCCUPANCY): the
+    static twin's grid stops at the resident clusters, the clc kernel's covers every tile."""
+    recorded = recorded_bundles["sm100a"]
+    (clc,) = [k for k, r in recorded.records.items() if r.ctx.entry.config.scheduler is Scheduler.CLC]
+    _, pairs = run_kernel(recorded, clc)
+    m, n, _, batch = PROBLEMS[2]
+    items = math.ceil(m / 256) * math.ceil(n / 256) * batch  # 256x256 cluster tiles of the 2x1 CTA pair
+    assert items > OCCUPANCY and pairs[2][1].grid == (2 * items, 1, 1) == pairs[2][0].grid
+    assert pairs[2][1].block == (recorded.records[clc].ctx.plan.threads, 1, 1) == (224, 1, 1)
 
 
 def test_a_launch_that_disagrees_with_its_plan_is_caught(recorded_bundles):

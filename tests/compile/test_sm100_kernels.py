@@ -14,7 +14,10 @@ Per kernel, read from the plan the validator derived:
 * TMA loads and stores, no local memory, the shared memory the validator
   modelled (static part included) within its budget, registers within the
   pipeline's facts (per thread, and for the CTA's threads on one SM), and the
-  exact target the cubin was assembled for.
+  exact target the cubin was assembled for;
+* the scheduler: a ``scheduler: clc`` kernel's cluster-launch-control query
+  (``clusterlaunchcontrol.try_cancel``, SASS ``UGETNEXTWORKID.BROADCAST``),
+  and none in any static kernel.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import pytest
 
 from builder.compile.cubin import compiled_for, disassemble
 from tests.compile.conftest import TCGEN05_KERNELS as KERNELS
+from tilekiln.spec import Scheduler
 
 pytestmark = pytest.mark.compile
 
@@ -68,6 +72,24 @@ def test_kernel_compiles_to_the_mma_its_plan_names(sm100_build, kernel_id):
     (kernel,) = [k for k in manifest["kernels"] if k["id"] == kernel_id]
     assert kernel["resources"]["smem_bytes"] == plan.smem.total <= plan.smem_budget
     assert kernel["config"]["cta_group"] == cfg.cta_group and kernel["verification"] == "compile-verified"
+
+
+def test_every_clc_kernel_issues_try_cancel_and_no_static_kernel_does(tcgen05_build, small_build):
+    """clusterlaunchcontrol.try_cancel assembles to UGETNEXTWORKID(.BROADCAST): a clc kernel has
+    the one its scheduler warp issues; no static kernel of any template (sm90, dense and
+    block-scaled tcgen05) has any. The manifest carries the census."""
+    records = [(b, r) for b in (*tcgen05_build.bundles, small_build) for r in b.records]
+    clc = [r.kernel_id for _, r in records if r.ctx.entry.config.scheduler is Scheduler.CLC]
+    assert len(clc) == 2 and len(records) > len(clc)
+    for bundle, record in records:
+        expected = 1 if record.kernel_id in clc else 0
+        assert record.info.count("UGETNEXTWORKID") == expected, (record.kernel_id, dict(record.info.census))
+        forms = set(re.findall(r"\b(UGETNEXTWORKID(?:\.[A-Z]+)*)\b", disassemble(record.cubin)))
+        assert forms == ({"UGETNEXTWORKID.BROADCAST"} if expected else set()), record.kernel_id
+        manifest = json.loads((bundle.path / "manifest.json").read_text())
+        (kernel,) = [k for k in manifest["kernels"] if k["id"] == record.kernel_id]
+        assert kernel["resources"]["sass"]["UGETNEXTWORKID"] == expected
+        assert kernel["config"]["scheduler"] == record.ctx.entry.config.scheduler.value
 
 
 def test_rubin_fp8_kernels_issue_the_64_byte_k_mma(sm100_build):

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from tilekiln.spec import (FAMILY_NAMES, Activation, Bias, BlockScale, Cluster, DType, DTypes, KernelConfig,
-                           KernelIdError, Layout, Operand, Raster, Residual, Scalars, Scaling, Schedule, Tile,
+                           KernelIdError, Layout, Operand, Raster, Residual, Scalars, Scaling, Schedule, Scheduler, Tile,
                            format_kernel_id, parse_kernel_id)
 
 configs = st.builds(
@@ -21,6 +21,7 @@ configs = st.builds(
     tile=st.builds(Tile, st.integers(1, 512), st.integers(1, 512), st.integers(1, 512)),
     cluster=st.builds(Cluster, st.integers(1, 16), st.integers(1, 16)),
     schedule=st.sampled_from(Schedule),
+    scheduler=st.sampled_from(Scheduler),
     raster=st.sampled_from(Raster),
     swizzle=st.integers(1, 16),
     stages=st.one_of(st.none(), st.integers(1, 16)),
@@ -116,6 +117,7 @@ PERTURBATIONS = {
     "scaling": Scaling.BLOCKWISE,
     "residual": Residual.ADD,
     "scalars": Scalars.ALPHA_BETA,
+    "scheduler": Scheduler.CLC,
 }
 
 

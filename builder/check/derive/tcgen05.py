@@ -41,6 +41,11 @@ between the barriers and the A ring; under a CTA pair each CTA holds the
 scale factors of all of the tile's N (measured: 2-CTA 128x256x128 mxfp8,
 the traced struct equals the model).
 
+A ``scheduler: clc`` kernel adds a scheduler warp (the template's
+``scheduler_threads``) and, first in its ``Storage`` struct, ``clc_stages``
+responses of ``clc_response_bytes`` each (16-byte aligned, so the mbarriers
+after them stay 8-byte aligned) and a full/empty mbarrier pair per response.
+
 A grouped kernel (``templates/sm100_grouped.py.j2``) puts its group table, two
 int32 entries per group plus one each, right after the TMEM address word.
 """
@@ -53,7 +58,7 @@ from dataclasses import dataclass
 from builder.check.derive.common import SmemUse, align_up, storage_layout, tma_contract
 from builder.load.facts import PipelineFacts
 from builder.load.templates import Tcgen05Parameters
-from tilekiln.spec import FAMILIES, Contract, KernelConfig
+from tilekiln.spec import FAMILIES, Contract, KernelConfig, Scheduler
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,8 @@ class Tcgen05Plan:
     mma_k: int  # the same in elements of the MMA's A type
     cta_k_bytes: int
     k_blocks: int  # MMA instructions along K per stage
-    threads: int | None  # None without a template
+    threads: int | None  # None without a template; a clc kernel's include its scheduler warp
+    clc_stages: int  # cluster-launch-control responses in flight (0: the static scheduler)
     epi_m: int
     epi_n: int
     epi_stages: int
@@ -148,14 +154,21 @@ def tcgen05_smem(config: KernelConfig, facts: PipelineFacts, p: Tcgen05Parameter
         barriers = 2 * stages * mbar
         dynamic, operand_end = storage_layout(barriers, a, b, 0, align, scales)
         return SmemUse(barriers, a, b, 0, dynamic, 0, operand_end, scales)
-    # ring full/empty, accumulator full/empty, the TMEM dealloc mbarrier, then the 32-bit TMEM address
-    barriers = (2 * stages + 2 * (acc_stages or p.acc_stages) + 1) * mbar + 4
+    # clc responses and their full/empty mbarriers, ring full/empty, accumulator full/empty, the
+    # TMEM dealloc mbarrier, then the 32-bit TMEM address
+    clc = _clc_stages(config, p)
+    clc_bytes = clc * (facts.require("clc_response_bytes") + 2 * mbar) if clc else 0
+    barriers = clc_bytes + (2 * stages + 2 * (acc_stages or p.acc_stages) + 1) * mbar + 4
     epi = epi_m * epi_n * d.c.bits // 8 * p.epilogue_stages
     # Int32 tables indexed by an index vector's entries, plus one (the grouped template's group
     # table), right after the TMEM address word.
     table = sum(p.index_tables * (i.limit + 1) * 4 for i in FAMILIES[config.family].indices)
     dynamic, operand_end = storage_layout(barriers + table, a, b, epi, align, scales)
     return SmemUse(barriers, a, b, epi, dynamic, p.static_smem_bytes, operand_end, scales, table)
+
+
+def _clc_stages(config: KernelConfig, p: Tcgen05Parameters | None) -> int:
+    return p.clc_stages if p is not None and config.scheduler is Scheduler.CLC else 0
 
 
 def smem_budget(facts: PipelineFacts, p: Tcgen05Parameters | None) -> tuple[int, str]:
@@ -198,7 +211,9 @@ def plan_tcgen05(config: KernelConfig, facts: PipelineFacts, p: Tcgen05Parameter
         has_template=p is not None, cta_group=group, b_rows=t.n // group, mma_m=t.m * group, mma_n=t.n,
         mma_k_bytes=mma_k, mma_k=mma_k * 8 // d.a.bits, cta_k_bytes=k_bytes,
         k_blocks=k_blocks,
-        threads=p.threads if p is not None else None,
+        threads=(p.threads + (p.scheduler_threads if config.scheduler is Scheduler.CLC else 0)
+                 if p is not None else None),
+        clc_stages=_clc_stages(config, p),
         epi_m=epi_m, epi_n=epi_n, epi_stages=p.epilogue_stages if p is not None else 0,
         acc_stages=acc_stages, tmem_acc_columns=acc_columns, tmem_scale_columns=scale_columns,
         tmem_alloc_columns=tmem_allocation(acc_columns + scale_columns, facts),

@@ -7,7 +7,7 @@ from typing import Iterator
 from builder.check.context import KernelContext
 from builder.check.rules.registry import rule
 from builder.diagnostics import Diagnostic, did_you_mean
-from tilekiln.spec import BLOCKWISE_BLOCK, GLU_BLOCK, SCALED_OUTPUTS, Scalars, Scaling
+from tilekiln.spec import BLOCKWISE_BLOCK, GLU_BLOCK, SCALED_OUTPUTS, Scalars, Scaling, Scheduler
 
 
 @rule("TARGET-ARCH", "every target of a config is a compile target of its pipeline")
@@ -139,6 +139,17 @@ def check_schedule(ctx: KernelContext) -> Iterator[Diagnostic]:
                        "memory, where accumulator double-buffering does that job",
                        "remove schedule (tcgen05 templates overlap the epilogue with the next tile's MMAs)",
                        schedule=cfg.schedule, mma_instruction=ctx.mma)
+
+
+@rule("SCHEDULER-CLC", "a cluster-launch-control scheduler is asked for only where the pipeline has it")
+def check_scheduler_clc(ctx: KernelContext) -> Iterator[Diagnostic]:
+    cfg = ctx.entry.config
+    if cfg.scheduler is Scheduler.CLC and not ctx.facts.require("cluster_launch_control"):
+        yield ctx.diag("SCHEDULER-CLC", "scheduler", f"scheduler clc cancels not-yet-launched clusters with "
+                       f"clusterlaunchcontrol.try_cancel, which pipeline {ctx.facts.pipeline} lacks "
+                       f"({ctx.facts.source('cluster_launch_control')})",
+                       "remove scheduler (the static persistent walk), or use an sm100 or sm107 pipeline",
+                       scheduler=cfg.scheduler, cluster_launch_control=False)
 
 
 @rule("SWIZZLE", "the raster swizzle is a power of two")
