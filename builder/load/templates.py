@@ -54,6 +54,8 @@ Supports = create_model(
     "Supports", __base__=YamlModel, __doc__="What a template builds, by kernel field (tilekiln/spec.py)",
     tile_m=(dict[PositiveInt, list[StrictPositiveInt]] | None, Field(
         default=None, description="per CTA group, the CTA tile M values implemented (all legal ones if absent)")),
+    cluster_m=(list[StrictPositiveInt] | None, Field(
+        default=None, description="cluster M values implemented (all legal ones if absent)")),
     b_rows_multiple=(StrictPositiveInt | None, Field(
         default=None, description="B rows one CTA loads (tile N / cta_group) must be a multiple of this")),
     **_support_fields())
@@ -157,6 +159,9 @@ class Template:
             offered = ", ".join(map(str, s.tile_m.get(config.cta_group, []))) or "none"
             return "tile", f"tile M {config.tile.m} is not implemented with cta_group {config.cta_group} " \
                            f"(offered: {offered})"
+        if s.cluster_m is not None and config.cluster.m not in s.cluster_m:
+            offered = ", ".join(map(str, s.cluster_m))
+            return "cluster", f"cluster M {config.cluster.m} is not implemented (offered: {offered})"
         rows = config.tile.n // config.cta_group
         if s.b_rows_multiple is not None and (config.tile.n % config.cta_group or rows % s.b_rows_multiple):
             step = s.b_rows_multiple * config.cta_group

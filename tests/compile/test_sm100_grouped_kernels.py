@@ -7,7 +7,7 @@ N-major B with A multicast along a 1x2 cluster, fp8) and the masked one (bf16, a
 pipeline's 64-byte K). Per kernel:
 
 * the MMA kind (UTCHMMA for 16-bit operands, UTCQMMA for 8-bit ones), never a .2CTA form (one CTA
-  along M: rule GROUPED-CLUSTER-M), ``k_blocks`` of them per K slice: the pipeline's MMA K width;
+  along M: the template's cluster_m), ``k_blocks`` of them per K slice: the pipeline's MMA K width;
 * TMA loads and stores, no local memory, shared memory the plan modelled (its group table
   included) within the budget, registers within the facts, the exact target;
 * the group's last, partial tile is stored from registers (STG; the dense tcgen05 kernels store

@@ -189,12 +189,3 @@ def check_cta_pair(ctx: KernelContext) -> Iterator[Diagnostic]:
                        "or cta_group 1", cta_group=g, cluster_m=cfg.cluster.m)
 
 
-@rule("GROUPED-CLUSTER-M", "a grouped kernel's cluster has one CTA along M, so a cluster never spans two groups")
-def check_grouped_cluster(ctx: KernelContext) -> Iterator[Diagnostic]:
-    cfg = ctx.entry.config
-    if FAMILIES[cfg.family].indices and cfg.cluster.m != 1:
-        yield ctx.diag("GROUPED-CLUSTER-M", "cluster", f"cluster {cfg.cluster.m}x{cfg.cluster.n} puts {cfg.cluster.m} "
-                       "CTAs along M, but a grouped kernel's M tiles belong to groups of rows known only on the "
-                       "device: the CTAs of a cluster would share B (multicast) across two groups' weights",
-                       f"use cluster [1, {cfg.cluster.n}] (the CTAs along N share the tile's rows and group)",
-                       cluster=[cfg.cluster.m, cfg.cluster.n])
