@@ -42,7 +42,7 @@ def reference(torch, input, a, b, beta, alpha):
 
 
 def alpha_beta_kernels(bundle):
-    kernels = [k for k in bundle.kernels if k.config.scalars.value == "alphabeta"]
+    kernels = [k for k in bundle.kernels if k.config.family == "gemm" and k.config.scalars.value == "alphabeta"]
     assert kernels, "the bundle has no alphabeta kernels"
     return kernels
 
