@@ -122,9 +122,11 @@ def test_values_far_past_448_saturate_and_zero_stays_zero(bundle, torch):
     exact = (a.double() @ w.double().t()) * 0.125
     got = out.double()
     assert not torch.isnan(got).any()
-    # A sum whose exact value lies within fp32 accumulation error of zero may round to either
-    # sign; every other one is far past 448 / 1e6 and saturates.
-    clear = exact.abs() > 1e-3
+    # A sum whose exact value lies within the accumulation error of zero may come out with either
+    # sign: Hopper's fp8 MMA keeps about 14 bits of its running sum (DeepSeek-V3's report, 3.3.2),
+    # so near-zero sums of terms up to the row's largest are not resolved. Every other one is far
+    # past 448 / 1e6 and saturates.
+    clear = exact.abs() > 1e-2 * exact.abs().max()
     assert clear.sum() > 0.9 * exact.numel()
     assert (got[clear & (exact > 0)] == E4M3_MAX).all() and (got[clear & (exact < 0)] == -E4M3_MAX).all()
     assert (got[:8] == 0).all()  # x's zero rows
