@@ -42,6 +42,23 @@ def run_build(project: Path, out: Path, cache: Path, jobs: int = 1, **kwargs):
                               progress="none", **kwargs))
 
 
+def build_catalogs(base: Path, catalogs: dict[str, str]):
+    """Build catalog files (name: YAML text) as one scratch project under ``base``, two compile
+    workers; asserts every kernel compiled, naming the errors of those that did not."""
+    files = []
+    for name, text in catalogs.items():
+        files.append(base / name)
+        files[-1].write_text(text)
+    result = run_build(fixture_project(base / "project", files), base / "artifacts", base / "cache", jobs=2)
+    assert result.ok, [r.error for b in result.bundles for r in b.failed]
+    return result
+
+
+def records_by_id(result) -> dict:
+    """kernel id: (bundle, record) over every bundle of a build."""
+    return {r.kernel_id: (b, r) for b in result.bundles for r in b.records}
+
+
 # The tcgen05 kernels the census and launch tests build: (target, catalog item), each kernel
 # for one target only, covering every form of the default bundles (bf16/f16 and fp8, each
 # layout letter, 1-CTA and 2-CTA, swap_ab, an activation, the sm107 pipeline's 64-byte K, the

@@ -28,10 +28,9 @@ import re
 import pytest
 
 from builder.compile.cubin import compiled_for, disassemble
-from tests.compile.conftest import run_build
+from tests.compile.conftest import build_catalogs, records_by_id
 from tests.compile.test_launch_record import (FUNC_MAX_DYNAMIC_SMEM, LAUNCH_CLUSTER_DIM, Launch, Recorded,
                                               link_recording_library, recorded_launch)
-from tests.fixture_catalogs import make_project
 from tilekiln._tensors import Operand
 from tilekiln.grouped import MAX_GROUPS, launch_grouped, make_grouped_problem, make_masked_problem, plan_grouped
 
@@ -87,19 +86,12 @@ PROBLEMS = ((16, 4096, 4096, 8), (1008, 1040, 528, 3), (8192, 1536, 2048, 128), 
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
-    base = tmp_path_factory.mktemp("sm100_grouped")
-    files = []
-    for name, text in (("sm100.yaml", SM100), ("sm107.yaml", SM107)):
-        files.append(base / name)
-        files[-1].write_text(text)
-    result = run_build(make_project(base / "project", files), base / "artifacts", base / "cache", jobs=2)
-    assert result.ok, [r.error for b in result.bundles for r in b.failed]
-    return result
+    return build_catalogs(tmp_path_factory.mktemp("sm100_grouped"), {"sm100.yaml": SM100, "sm107.yaml": SM107})
 
 
 @pytest.fixture(scope="module")
 def records(build):
-    return {r.kernel_id: (b, r) for b in build.bundles for r in b.records}
+    return records_by_id(build)
 
 
 def test_the_catalog_builds_each_kernel_for_its_target(records):
