@@ -172,6 +172,29 @@ def test_offsets_that_break_the_contract_are_clamped(bundle, torch):
             assert rel_err(out[:last], ref[:last]) < 1e-2, raw
 
 
+def test_a_padded_out_keeps_its_row_padding(bundle, torch):
+    """N = 100 into a (total_M, 104) buffer's first 100 columns: every kernel writes each group's
+    rows, partial tiles included (their stores go out in 16-byte vectors, which at column 96 would
+    reach column 103), and never the 4 padding columns, which belong to the caller."""
+    gen = torch.Generator(device="cuda").manual_seed(46)
+    groups, n, k, sizes = 5, 100, 128, [1, 0, 77, 300, 129]
+    m = sum(sizes)
+    offs = make_offs(torch, sizes)
+    failures = []
+    for kernel in grouped_kernels(bundle):
+        if not kernel.config.layout.b_k_major:
+            continue  # a (G, K, 100) N-major B has 200-byte rows, which TMA cannot load
+        a, b, scales = inputs(torch, kernel, gen, groups, n, k, m)
+        buffer = torch.full((m, 104), float("nan"), dtype=torch.bfloat16, device="cuda")
+        buffer[:, n:] = 7.0
+        bundle.grouped_gemm(a, b, offs, out=buffer[:, :n], kernel=kernel.id, **scales)
+        torch.cuda.synchronize()
+        err = rel_err(buffer[:, :n], expected(torch, a, b, offs, scales))
+        if not (buffer[:, n:] == 7.0).all() or buffer[:, :n].isnan().any() or not err < 1e-2:
+            failures.append(f"{kernel.id}: padding kept {bool((buffer[:, n:] == 7.0).all())}, error {err:.3g}")
+    assert not failures, "\n".join(failures)
+
+
 def test_matches_torch_grouped_mm(bundle, torch):
     import tilekiln
 
