@@ -68,12 +68,16 @@ class GroupedProblem(GemmProblem):
         return self.groups if name == "g" else super().extent(name)
 
     def row_tiles(self, tile_m: int) -> int:
-        """Row tiles of ``tile_m`` rows when the rows are spread evenly over the groups (every
-        group full when masked): each group pads its last tile (the host cannot see the real
-        split, which lives on the device)."""
+        """Row tiles of ``tile_m`` rows (every group full when masked). The split of the rows over
+        the groups lives on the device, so the host takes each group's rows as exponentially
+        distributed about their mean (routed tokens are: a few experts take many, most few), whose
+        expected count of tiles is 1 / (1 - exp(-tile_m / mean)): the mean's tiles plus half a
+        tile of padding for large groups, one tile for small ones."""
         if self.masked:
             return self.groups * math.ceil(self.m / tile_m)
-        return self.groups * math.ceil(self.m / self.groups / tile_m) if self.m else 0
+        if not self.m:
+            return 0
+        return round(self.groups / -math.expm1(-tile_m * self.groups / self.m))
 
     def exceeds(self, tile_m: int, tile_n: int) -> str | None:
         """Why a kernel of this tile cannot index the problem's work items as int32, or None."""

@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from tilekiln.problem import GemmProblem, gated, ungated
-from tilekiln.spec import GLU_BLOCK, KernelRecord, Scheduler, requested_fields
+from tilekiln.spec import FAMILIES, GLU_BLOCK, KernelRecord, Scheduler, requested_fields
 from tilekiln.splitk import PARTIAL_DTYPE, SPLIT_OVERHEAD, label, sliced
 
 # The model's reuse term: tile intensity m*n/(m+n) over itself plus this
@@ -50,6 +50,14 @@ _REUSE_KNEE = 20.0
 # Each doubling of the cluster size, which halves one operand's L2 traffic
 # through multicast, measured 5-13% faster at 8192^3 on the H200.
 _MULTICAST_GAIN = 1.06
+# The same for a grouped kernel's cluster along M, whose CTAs share one group's B tile. Each
+# group's B is read only by that group's tiles, so the L2 holds less of it for a neighbour than a
+# dense B. With the expected padding of GroupedProblem.row_tiles, 1.2 ranks the H100's
+# grouped kernels as measured at 4096 tokens (bench/results/h100-2026-12-07-grouped-variants.json:
+# the fastest of 128x128/128x256 c1x1/c2x1 on all eight layer and routing rows, where 1.06 picked
+# c2x1 for Qwen3-30B-A3B's 256-row groups at 0.89 and 0.95 of the fastest). Its pick moves from
+# c1x1 to c2x1 at about 400 rows per group.
+_GROUPED_MULTICAST_GAIN = 1.2
 # The traffic term's price of one operand element read from DRAM, in MMA multiply-adds: about
 # 150 flop/byte (the H200's achieved bf16 rate over its DRAM bandwidth) is 150 MACs per 2-byte
 # element, and an 8-bit MMA runs twice the MACs on half the bytes, so the price per element holds
@@ -181,12 +189,15 @@ def estimate(kernel: KernelRecord, problem: GemmProblem, resident: int) -> float
     k = max(problem.k, 1)
     # A swapped kernel's tile M runs along the problem's N.
     m, n = (problem.n, problem.m) if cfg.swap_ab else (problem.m, problem.n)
-    row_tiles = math.ceil(m / tm) if cfg.swap_ab else problem.row_tiles(tm)
-    tiles_m, tiles_n = math.ceil(row_tiles / cm), math.ceil(math.ceil(n / tn) / cn)
+    # Cluster tiles along M: a grouped problem pads each group to whole cluster tiles.
+    tiles_m = math.ceil(m / (tm * cm)) if cfg.swap_ab else problem.row_tiles(tm * cm)
+    tiles_n = math.ceil(math.ceil(n / tn) / cn)
     items = tiles_m * tiles_n * problem.batch
     waves = math.ceil(items / resident)
     intensity = tm * tn / (tm + tn)
-    efficiency = intensity / (intensity + _REUSE_KNEE) * _MULTICAST_GAIN ** math.log2(kernel.cluster_size)
+    gain_m = _GROUPED_MULTICAST_GAIN if FAMILIES[problem.family].indices else _MULTICAST_GAIN
+    efficiency = (intensity / (intensity + _REUSE_KNEE) * gain_m ** math.log2(cm)
+                  * _MULTICAST_GAIN ** math.log2(kernel.cluster_size / cm))
     clusters = min(resident, items)
     # A wave wider than one batch entry's grid spans several entries, each with its own operands.
     per_entry = tiles_m * tiles_n

@@ -4,6 +4,8 @@ rendering and shared-memory model."""
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import replace
 from pathlib import Path
 
@@ -160,9 +162,25 @@ def test_grouped_and_dense_kernels_never_run_each_others_problems():
 
 
 def test_small_groups_choose_64_row_tiles_and_large_ones_128_rows():
-    # 128 experts of 64 rows each: 128-row tiles would compute twice the rows that are stored.
-    assert choose(GROUPED, problem(128 * 64, 128, n=1536), 132, {}).kernel.config.tile.m == 64
+    # 128 experts of 32 rows on average: 128-row tiles would compute mostly rows that are never stored.
+    assert choose(GROUPED, problem(128 * 32, 128, n=1536), 132, {}).kernel.config.tile.m == 64
     assert choose(GROUPED, problem(8 * 4096, 8, n=28672, k=4096), 132, {}).kernel.config.tile.m == 128
+
+
+def test_row_tiles_expect_half_a_tile_of_padding_per_large_group_and_one_tile_per_small_one():
+    # Exponentially distributed rows: 1 / (1 - exp(-tile / mean)) tiles per group.
+    assert problem(128 * 4096, 128).row_tiles(128) == round(128 / -math.expm1(-128 / 4096))
+    assert 128 * (4096 / 128 + 0.5) - 1 <= problem(128 * 4096, 128).row_tiles(128) <= 128 * (4096 / 128 + 0.5) + 1
+    assert problem(8 * 8, 8).row_tiles(128) == 8
+    assert problem(0, 8).row_tiles(128) == 0
+
+
+def test_the_cluster_along_m_wins_for_large_groups_only():
+    # Qwen3-30B-A3B at 4096 tokens (256 rows per expert) stays on 1x1; DeepSeek-V3's 32 local
+    # experts at 1024 rows each take the 2x1 cluster (H100, bench/results/h100-2026-12-07-grouped-variants.json).
+    kernels = (grouped(0, (128, 256, 64)), grouped(1, (128, 256, 64), cluster=(2, 1)))
+    assert choose(kernels, problem(128 * 256, 128, n=1536), 132, {}).kernel.config.cluster.m == 1
+    assert choose(kernels, problem(32 * 1024, 32, n=4096, k=7168), 132, {}).kernel.config.cluster.m == 2
 
 
 def test_work_items_past_int32_are_refused():
