@@ -194,7 +194,7 @@ def swiglu_weight(w_gate, w_up=None):
 
 
 def scaled_gemm(a, b, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, bundle=None, stream=None,
-                scale_format=None, scale_result=None):
+                scale_format=None, scale_result=None, activation=None):
     """fp8 ``(a @ b) * scale_a * scale_b + bias`` with bf16 output by default. Takes torch tensors.
 
     ``scale_format`` None (the default) reads the scales as ``torch._scaled_mm`` does: one-element
@@ -222,13 +222,18 @@ def scaled_gemm(a, b, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, 
     ``out_dtype=torch.float8_e4m3fn`` (per-tensor or row-wise scales, no bias): the result for the
     next GEMM's input, ``saturate(value * scale_result)`` as torch._scaled_mm writes it, values past
     +-448 saturating to +-448; ``scale_result`` is then a one-element float32 tensor on the inputs'
-    device (required; ``torch.ones(1, device=a.device)`` for none), and no other result takes one."""
+    device (required; ``torch.ones(1, device=a.device)`` for none), and no other result takes one.
+    ``activation="swiglu"``: ``b``'s N columns interleave gate and up in blocks of 64 (``b`` the
+    transpose of a :func:`swiglu_weight` (2I, K) weight, for fp4 of its packed form), and the result
+    is ``silu(gate) * up``, (M, N/2), of the scaled product (after the bias, if any), fused where a
+    kernel computes it (the CC 10.x bundles' mxfp8 and nvfp4 ones, for I a multiple of 64), else
+    paired by torch after the GEMM; not with an fp8 result."""
     fast = _torch_operands(a, b)
     if fast is None:
         raise TypeError("scaled_gemm takes torch tensors (a and b); the operands given are "
                         f"{type(a).__name__} and {type(b).__name__}")
     return fast.scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream, None, scale_format, bias,
-                            scale_result)
+                            scale_result, activation)
 
 
 def quantize_fp8_blockwise(x, block=(1, 128), *, power_of_two=False):

@@ -10,8 +10,10 @@ Imported only when torch tensors are passed; importing it registers nine operato
                                                                   autograd: d input = beta * grad summed to
                                                                   input's shape, d mat1 = alpha * grad·mat2ᵀ,
                                                                   d mat2 = alpha * mat1ᵀ·grad
-    tilekiln::scaled_gemm(a, b, scale_a, scale_b, out_dtype, bundle, kernel, scale_format, bias=None) -> Tensor
-    tilekiln::scaled_gemm_out(a, b, scale_a, scale_b, out!, bundle, kernel, scale_format, bias=None)
+    tilekiln::scaled_gemm(a, b, scale_a, scale_b, out_dtype, bundle, kernel, scale_format, bias=None,
+                          scale_result=None, activation="none") -> Tensor
+    tilekiln::scaled_gemm_out(a, b, scale_a, scale_b, out!, bundle, kernel, scale_format, bias=None,
+                              scale_result=None, activation="none")
     tilekiln::grouped_gemm(a, b, offs, scale_a, scale_b, bundle, kernel, activation="none", scale_format="") -> Tensor
     tilekiln::grouped_gemm_out(a, b, offs, scale_a, scale_b, out!, bundle, kernel, activation="none", scale_format="")
     tilekiln::grouped_gemm_masked(a, b, masked_m, scale_a, scale_b, bundle, kernel, activation="none",
@@ -344,11 +346,13 @@ def gemm(bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, kernel: str |
 
 def scaled_gemm(bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_dtype, out: Tensor | None, stream,
                 kernel: str | None = None, scale_format: str | None = None, bias: Tensor | None = None,
-                scale_result: Tensor | None = None):
+                scale_result: Tensor | None = None, activation=None):
     """``scaled_gemm`` for torch tensors; not differentiable, like ``torch._scaled_mm``. ``scale_format``
     None: per-tensor, row-wise or blockwise, as the scales' shapes say (:func:`scale_format_of`).
-    ``scale_result``: an fp8 result's one-element float32 scale (:func:`check_scale_result`)."""
+    ``scale_result``: an fp8 result's one-element float32 scale (:func:`check_scale_result`).
+    ``activation``: None or "swiglu" (:func:`scaled_activation_token`)."""
     scale_format = scale_format_of(scale_format, a, b, scale_a, scale_b)
+    activation = scaled_activation_token(activation)
     if _is_compiling():
         if stream is not None:
             raise TypeError("stream=: not supported while torch.compile traces; make the stream current "
@@ -356,8 +360,9 @@ def scaled_gemm(bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_dtype, out: 
         ref = bundle_ref(bundle)
         if out is None:
             return scaled_gemm_op(a, b, scale_a, scale_b, out_dtype, ref, kernel or "", scale_format, bias,
-                                  scale_result)
-        scaled_gemm_out_op(a, b, scale_a, scale_b, out, ref, kernel or "", scale_format, bias, scale_result)
+                                  scale_result, activation)
+        scaled_gemm_out_op(a, b, scale_a, scale_b, out, ref, kernel or "", scale_format, bias, scale_result,
+                           activation)
         return out
     if _grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad
                                for t in (a, b, scale_a, scale_b, bias, scale_result)):
@@ -366,8 +371,17 @@ def scaled_gemm(bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_dtype, out: 
     if not isinstance(bundle, Bundle):
         bundle = resolve(bundle_ref(bundle), a.get_device())
     return run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, out, stream, kernel,
-                           _scaled_request(a, b, scale_format, out_dtype, out, bias, scale_result), bias,
+                           _scaled_request(a, b, scale_format, out_dtype, out, bias, scale_result, activation), bias,
                            scale_result)
+
+
+def scaled_activation_token(activation) -> str:
+    """A scaled call's ``activation`` as its token: None (or "none"), or "swiglu", whose B columns
+    interleave gate and up (:func:`swiglu_weight`); ValueError naming the argument otherwise."""
+    value = "none" if activation is None else getattr(activation, "value", activation)
+    if value not in ("none", "swiglu"):
+        raise ValueError(f"activation: scaled_gemm takes None or 'swiglu', got {activation!r}")
+    return value
 
 
 # torch dtypes of the results an epilogue writes through scale_result (tilekiln/spec.py, SCALED_OUTPUTS).
@@ -419,14 +433,25 @@ _ROWWISE = ("scaling", "rowwise")
 
 
 def _scaled_request(a: Tensor, b: Tensor, scale_format: str, out_dtype, out: Tensor | None,
-                    bias: Tensor | None, scale_result: Tensor | None = None) -> tuple[tuple[str, object], ...]:
+                    bias: Tensor | None, scale_result: Tensor | None = None,
+                    activation: str = "none") -> tuple[tuple[str, object], ...]:
     """The requested fields of a scaled call: its scale format (the per-tensor default asks for
     nothing; a block-scaled format, its block scale), then its bias, checked against the result's
-    type (out's, or out_dtype, bf16 by default). An fp8 result takes its ``scale_result``
+    type (out's, or out_dtype, bf16 by default), then its activation (a token of
+    :func:`scaled_activation_token`). An fp8 result takes its ``scale_result``
     (:func:`check_scale_result`), a per-tensor or row-wise scale format and no bias, which the
-    fp8 epilogue would have to add before the output scale."""
+    fp8 epilogue would have to add before the output scale, and no swiglu, whose pairing no fp8
+    epilogue computes before its output scale. swiglu needs an even N (gate and up columns)."""
     dtype = _result_dtype(out_dtype, out)
     check_scale_result(scale_result, dtype, a.device)
+    if activation == "swiglu":
+        n = b.shape[-1] if b.dim() >= 1 else 0
+        if n % 2:
+            raise ValueError(f"activation: 'swiglu' pairs gate and up columns of b, so N must be even; got N = {n} "
+                             "(tilekiln.swiglu_weight interleaves them)")
+        if dtype in SCALED_RESULTS:
+            raise ValueError(f"activation: 'swiglu' with a {dtype} result: no kernel pairs the columns before the "
+                             "output scale; pass out_dtype=torch.bfloat16")
     if dtype in SCALED_RESULTS:
         if scale_format not in ("tensor", "rowwise"):
             raise ValueError(f"out_dtype: a {dtype} result is written by per-tensor or row-wise scaled kernels; "
@@ -445,8 +470,8 @@ def _scaled_request(a: Tensor, b: Tensor, scale_format: str, out_dtype, out: Ten
         # A block-scaled format asks for its block scale; the scales' scaling stays the default.
         # mxfp8 and mxfp4 ask for the same one, so the elements must be the named format's here.
         check_block_elements(a, b, scale_format)
-        return requested_epilogue(**dict(block_request(scale_format)), bias=bias_type)
-    return requested_epilogue(scaling=scale_format, bias=bias_type)
+        return requested_epilogue(**dict(block_request(scale_format)), bias=bias_type, activation=activation)
+    return requested_epilogue(scaling=scale_format, bias=bias_type, activation=activation)
 
 
 def _check_block_kernels(bundle: Bundle, name: str) -> None:
@@ -876,8 +901,11 @@ def _split_k(bundle, plan, a, b, out, stream, scale_a: int = 0, scale_b: int = 0
 # -- the operators ---------------------------------------------------------------------------------
 
 
-def _fake_result(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
+def _fake_result(a: Tensor, b: Tensor, dtype: torch.dtype, activation: str = "none") -> Tensor:
+    """The result a call of ``a`` and ``b`` allocates: half of b's columns where swiglu pairs them."""
     shape, k = result_shape(tuple(a.shape), tuple(b.shape))
+    if activation == "swiglu":
+        shape = shape[:-1] + (shape[-1] // 2,)
     return _allocate(shape, k, dtype, a.device)
 
 
@@ -925,10 +953,7 @@ def _gemm_fake(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool, a
                bias: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
     if residual is not None:
         _check_op_residual(a, b, residual)
-    shape, k = result_shape(tuple(a.shape), tuple(b.shape))
-    if activation == "swiglu":
-        shape = shape[:-1] + (shape[-1] // 2,)
-    return _allocate(shape, k, a.dtype, a.device)
+    return _fake_result(a, b, a.dtype, activation)
 
 
 def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
@@ -1035,43 +1060,44 @@ addmm_op.register_autograd(_addmm_backward, setup_context=_addmm_setup)
 @torch.library.custom_op("tilekiln::scaled_gemm", mutates_args=())
 def scaled_gemm_op(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out_dtype: torch.dtype | None,
                    bundle: str, kernel: str, scale_format: str, bias: Tensor | None = None,
-                   scale_result: Tensor | None = None) -> Tensor:
+                   scale_result: Tensor | None = None, activation: str = "none") -> Tensor:
     return run_scaled_gemm(resolve(bundle, a.get_device()), a, b, scale_a, scale_b, out_dtype, None, None,
-                           kernel or None, _scaled_request(a, b, scale_format, out_dtype, None, bias, scale_result),
+                           kernel or None,
+                           _scaled_request(a, b, scale_format, out_dtype, None, bias, scale_result, activation),
                            bias, scale_result)
 
 
 def _check_traced(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, scale_format: str, out_dtype, out,
-                  bias: Tensor | None, scale_result: Tensor | None) -> None:
+                  bias: Tensor | None, scale_result: Tensor | None, activation: str) -> None:
     """The checks of a scaled call that shapes, dtypes and devices decide, while torch.compile traces
-    it: a bad row-wise scale, bias or scale_result fails the trace with the eager call's message."""
+    it: a bad row-wise scale, bias, scale_result or swiglu N fails the trace with the eager call's message."""
     if scale_format == "rowwise":
         check_rowwise_scales(a, b, scale_a, scale_b)
-    _scaled_request(a, b, scale_format, out_dtype, out, bias, scale_result)
+    _scaled_request(a, b, scale_format, out_dtype, out, bias, scale_result, activation)
 
 
 @scaled_gemm_op.register_fake
 def _scaled_gemm_fake(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out_dtype: torch.dtype | None,
                       bundle: str, kernel: str, scale_format: str, bias: Tensor | None = None,
-                      scale_result: Tensor | None = None) -> Tensor:
-    _check_traced(a, b, scale_a, scale_b, scale_format, out_dtype, None, bias, scale_result)
-    return _fake_result(a, b, torch.bfloat16 if out_dtype is None else out_dtype)
+                      scale_result: Tensor | None = None, activation: str = "none") -> Tensor:
+    _check_traced(a, b, scale_a, scale_b, scale_format, out_dtype, None, bias, scale_result, activation)
+    return _fake_result(a, b, torch.bfloat16 if out_dtype is None else out_dtype, activation)
 
 
 @torch.library.custom_op("tilekiln::scaled_gemm_out", mutates_args=("out",))
 def scaled_gemm_out_op(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out: Tensor, bundle: str,
                        kernel: str, scale_format: str, bias: Tensor | None = None,
-                       scale_result: Tensor | None = None) -> None:
+                       scale_result: Tensor | None = None, activation: str = "none") -> None:
     run_scaled_gemm(resolve(bundle, a.get_device()), a, b, scale_a, scale_b, out.dtype, out, None,
-                    kernel or None, _scaled_request(a, b, scale_format, out.dtype, out, bias, scale_result), bias,
-                    scale_result)
+                    kernel or None, _scaled_request(a, b, scale_format, out.dtype, out, bias, scale_result, activation),
+                    bias, scale_result)
 
 
 @scaled_gemm_out_op.register_fake
 def _scaled_gemm_out_fake(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, out: Tensor, bundle: str,
                           kernel: str, scale_format: str, bias: Tensor | None = None,
-                          scale_result: Tensor | None = None) -> None:
-    _check_traced(a, b, scale_a, scale_b, scale_format, out.dtype, out, bias, scale_result)
+                          scale_result: Tensor | None = None, activation: str = "none") -> None:
+    _check_traced(a, b, scale_a, scale_b, scale_format, out.dtype, out, bias, scale_result, activation)
     return None
 
 

@@ -443,7 +443,7 @@ class Bundle:
         return torch_path().swiglu(self, x, w_gate_up, out)
 
     def scaled_gemm(self, a, b, scale_a, scale_b, *, bias=None, out_dtype=None, out=None, stream=None,
-                    kernel: str | None = None, scale_format: str | None = None, scale_result=None):
+                    kernel: str | None = None, scale_format: str | None = None, scale_result=None, activation=None):
         """``(a @ b) * scale_a * scale_b + bias`` for fp8 inputs, like ``torch._scaled_mm``.
 
         ``scale_format`` None reads the scales' shapes: one-element float32 tensors on the inputs'
@@ -456,13 +456,15 @@ class Bundle:
         byte as torch.float4_e2m1fn_x2 (``tilekiln.blockscaled.quantize_operand``). ``bias``: None or an (N,)
         vector of the result's type or float32. ``out_dtype`` defaults to bfloat16;
         ``torch.float8_e4m3fn`` writes ``saturate(value * scale_result)``, ``scale_result`` a
-        one-element float32 tensor on the inputs' device (``tilekiln.scaled_gemm``).
+        one-element float32 tensor on the inputs' device (``tilekiln.scaled_gemm``). ``activation``
+        None or ``"swiglu"``: ``silu(gate) * up`` of b's interleaved gate and up columns, (M, N/2)
+        (``tilekiln.scaled_gemm``).
         """
         if not (is_torch_tensor(a) and is_torch_tensor(b)):
             raise TypeError("scaled_gemm takes torch tensors (a and b); the operands given are "
                             f"{type(a).__name__} and {type(b).__name__}")
         return torch_path().scaled_gemm(self, a, b, scale_a, scale_b, out_dtype, out, stream, kernel, scale_format,
-                                        bias, scale_result)
+                                        bias, scale_result, activation)
 
     def grouped_gemm(self, a, b, offs, *, scale_a=None, scale_b=None, out=None, stream=None,
                      kernel: str | None = None, scale_format: str | None = None):

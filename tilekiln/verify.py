@@ -211,7 +211,7 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
             k = -(-k // step) * step
             a8, sa = bs.quantize_operand(torch.randn(m, k, device="cuda", generator=gen), block_format)
             w8, sw = bs.quantize_operand(torch.randn(n, k, device="cuda", generator=gen), block_format)
-            out = _poisoned(torch, (m, n), torch.bfloat16)
+            out = _poisoned(torch, (m, out_n), torch.bfloat16)
             scaled(a8, w8.t(), out, scales=(bs.to_blocked(sa), bs.to_blocked(sw)))
             yield f"{kernel.id} {m}x{n}x{k}", out, epilogue(bs.reference_mm(a8, sa, w8, sw, block_format))
             continue

@@ -110,6 +110,21 @@ FP4_KERNELS = {
                    "    tile: [128, 256, 256]\n    cluster: [2, 1]\n    cta_group: 2"),
 }
 
+# Block-scaled SwiGLU (templates/sm100_blockscaled.py.j2 with the gated epilogue of
+# common/persistent.j2), the catalog's: mxfp8 and nvfp4 on the 32-byte MMA, mxfp8 on the sm107
+# pipeline's 64-byte one, in bundles of their own.
+BLOCKSCALED_SWIGLU_KERNELS = {
+    "gemm_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_sfe8m0x32_swiglu": (
+        "sm_100a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
+                   "    tile: [128, 256, 128]\n    cluster: [1, 1]\n    activation: swiglu"),
+    "gemm_sm100_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe4m3x16_swiglu": (
+        "sm_103a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}\n    block_scale: {scale: e4m3, block: 16}\n"
+                   "    tile: [128, 256, 256]\n    cluster: [1, 1]\n    activation: swiglu"),
+    "gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_sfe8m0x32_swiglu": (
+        "sm_107a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
+                   "    tile: [128, 256, 128]\n    cluster: [1, 1]\n    activation: swiglu"),
+}
+
 # The tcgen05 dense template's fused epilogues (bias, row-wise fp8 scales), in bundles of their own:
 # a bf16 and an f32 bias on a CTA pair, a 64-row tile (the 16-lane TMEM layout) and a swapped decode
 # tile (the bias along the MMA's rows), row-wise scales on a pair, swapped with a bias, and with the
@@ -216,6 +231,13 @@ def tcgen05_epilogue_build(tmp_path_factory):
 def fp4_build(tmp_path_factory):
     """FP4_KERNELS built into the sm100a, sm103a and sm107a bundles."""
     return _build_catalogs(tmp_path_factory, "fp4", {"sm100.yaml": tcgen05_catalog("sm100", FP4_KERNELS)})
+
+
+@pytest.fixture(scope="session")
+def blockscaled_swiglu_build(tmp_path_factory):
+    """BLOCKSCALED_SWIGLU_KERNELS built into the sm100a, sm103a and sm107a bundles."""
+    return _build_catalogs(tmp_path_factory, "blockscaled-swiglu",
+                           {f"{p}.yaml": tcgen05_catalog(p, BLOCKSCALED_SWIGLU_KERNELS) for p in ("sm100", "sm107")})
 
 
 @pytest.fixture(scope="session")

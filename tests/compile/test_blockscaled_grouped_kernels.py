@@ -3,13 +3,14 @@ Blackwell-family targets into what its plan says, and its host launch path launc
 validator derived.
 
 No Blackwell or Rubin part has run these kernels: this census and the recorded launches are what
-verifies them. The catalog's six kernels (catalog/gemm/sm100_blockscaled_grouped.yaml and the
-grouped items of sm107_blockscaled.yaml), each for one target: mxfp8 and nvfp4 in the contiguous
-layout, mxfp8 in the masked one, mxfp8 on the sm107 pipeline's 64-byte K in both, and fp4 with
+verifies them. The catalog's seven kernels (catalog/gemm/sm100_blockscaled_grouped.yaml and the
+grouped items of sm107_blockscaled.yaml), each for one target: mxfp8, nvfp4 and mxfp4 in the
+contiguous layout, mxfp8 in the masked one, mxfp8 on the sm107 pipeline's 64-byte K in both, and fp4 with
 e5m3 scales (SM 10.7 only) contiguous. Per kernel:
 
-* the block-scaled MMA: UTCQMMA for e4m3 data (kind::mxf8f6f4), UTCOMMA for e2m1 (mxf4nvf4, its
-  16-element-block form, ``.BLOCK16`` as nvdisasm spells it for sm_103a), ``k_blocks`` of them per
+* the block-scaled MMA: UTCQMMA for e4m3 data (kind::mxf8f6f4), UTCOMMA for e2m1 (mxf4 for
+  32-element e8m0 blocks; mxf4nvf4 for nvfp4, its 16-element-block form, ``.BLOCK16`` as nvdisasm
+  spells it for sm_103a), ``k_blocks`` of them per
   K slice, each naming three tensor-memory operands (the accumulator and the scale factors of A
   and of B), never ``.2CTA``;
 * one ``UTCCP.T.S.4x32dp128bit`` per 512-byte scale-factor atom of the stage's SFA and SFB;
@@ -56,6 +57,10 @@ kernels:
     dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}
     block_scale: {scale: e4m3, block: 16}
     targets: [sm_103a]
+  - tile: [128, 256, 256]
+    cluster: [1, 1]
+    dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}
+    targets: [sm_100a]
   - family: grouped_masked
     tile: [128, 128, 128]
     cluster: [1, 1]
@@ -83,12 +88,14 @@ kernels:
 KERNELS = {
     "grouped_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_sfe8m0x32": "sm_100a",
     "grouped_sm100_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe4m3x16": "sm_103a",
+    "grouped_sm100_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe8m0x32": "sm_100a",
     "grouped_masked_sm100_e4m3_e4m3_f32_bf16_tn_128x128x128_c1x1_sfe8m0x32": "sm_100a",
     "grouped_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_sfe8m0x32": "sm_107a",
     "grouped_masked_sm107_e4m3_e4m3_f32_bf16_tn_128x128x128_c1x1_sfe8m0x32": "sm_107a",
     "grouped_sm107_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe5m3x32": "sm_107a",
 }
-FORMATS = {("e4m3", "e8m0", 32): "mxfp8", ("e2m1", "e4m3", 16): "nvfp4", ("e2m1", "e5m3", 32): "fp4-e5m3-b32"}
+FORMATS = {("e4m3", "e8m0", 32): "mxfp8", ("e2m1", "e4m3", 16): "nvfp4", ("e2m1", "e8m0", 32): "mxfp4",
+           ("e2m1", "e5m3", 32): "fp4-e5m3-b32"}
 MMA_BY_BITS = {8: "UTCQMMA", 4: "UTCOMMA"}
 MMA_OPCODES = ("UTCHMMA", "UTCQMMA", "UTCOMMA", "UTCIMMA")
 ATOM_BYTES = 512  # one scale-factor atom: 128 rows x 4 blocks

@@ -11,7 +11,7 @@ what verifies them. Per kernel, from the plan the validator derived:
 * the block-scaled form: every MMA names three tensor-memory operands, the accumulator and
   the scale factors of A and of B (a dense UTCQMMA names the accumulator only, its sixth
   operand a register); nvfp4's, with four 16-element scale blocks per 64-element MMA K, are
-  the ``.4X`` form (``.BLOCK16`` as nvdisasm spells it for sm_107a);
+  the ``.4X`` form (``.BLOCK16`` as nvdisasm spells it for sm_103a and sm_107a);
 * the scale factors' way into tensor memory: one ``UTCCP.T.S.4x32dp128bit`` (tcgen05.cp of
   a 512-byte scale-factor atom) per atom of the stage's SFA and SFB;
 * TMA loads (A, B and both scale-factor tensors) and stores, no local memory, the shared
@@ -27,22 +27,24 @@ import re
 import pytest
 
 from builder.compile.cubin import compiled_for, disassemble
-from tests.compile.conftest import FP4_KERNELS, TCGEN05_KERNELS
+from tests.compile.conftest import BLOCKSCALED_SWIGLU_KERNELS, FP4_KERNELS, TCGEN05_KERNELS
 
 pytestmark = pytest.mark.compile
 
-KERNELS = {**{k: v for k, v in TCGEN05_KERNELS.items() if "_sf" in k}, **FP4_KERNELS}
+KERNELS = {**{k: v for k, v in TCGEN05_KERNELS.items() if "_sf" in k}, **FP4_KERNELS, **BLOCKSCALED_SWIGLU_KERNELS}
 MMA_BY_BITS = {8: "UTCQMMA", 4: "UTCOMMA"}
 MMA_OPCODES = ("UTCHMMA", "UTCQMMA", "UTCOMMA", "UTCIMMA")
 ATOM_BYTES = 512  # one scale-factor atom: 128 rows x 4 blocks
 # nvdisasm's spelling of the MMA with a 16-element scale block (four per 64-element fp4 MMA K):
-# .4X for sm_100a and sm_103a, .BLOCK16 for sm_107a (CUDA 13 toolchain, measured).
-BLOCK16_FORM = {"sm_107a": ".BLOCK16"}
+# .4X for sm_100a, .BLOCK16 for sm_103a and sm_107a (CUDA 13 toolchain, measured; as in
+# tests/compile/test_blockscaled_grouped_kernels.py).
+BLOCK16_FORM = {"sm_103a": ".BLOCK16", "sm_107a": ".BLOCK16"}
 
 
 @pytest.fixture(scope="module")
-def records(tcgen05_build, fp4_build):
-    return {r.kernel_id: (b, r) for build in (tcgen05_build, fp4_build) for b in build.bundles for r in b.records}
+def records(tcgen05_build, fp4_build, blockscaled_swiglu_build):
+    return {r.kernel_id: (b, r) for build in (tcgen05_build, fp4_build, blockscaled_swiglu_build)
+            for b in build.bundles for r in b.records}
 
 
 def mma_lines(sass: str) -> list[str]:
@@ -94,3 +96,16 @@ def test_tensor_memory_holds_the_accumulators_and_the_scale_factors(records):
     assert (plan.acc_stages, plan.tmem_acc_columns, plan.tmem_scale_columns, plan.tmem_alloc_columns) == (
         1, 256, 48, 512)
     assert "ACC_COLUMNS = 256" in record.source and "SFA_COLUMNS = 16" in record.source
+
+
+@pytest.mark.parametrize("kernel_id", sorted(BLOCKSCALED_SWIGLU_KERNELS))
+def test_a_swiglu_kernel_stores_half_the_columns_of_its_ungated_twin(records, kernel_id):
+    """silu's exponential is there, and the TMA stores cover the 128x128 C tile of a 128x256 MMA
+    tile: four 128x32 sub-tiles, where the ungated mxfp8 kernel of that tile stores eight."""
+    _, record = records[kernel_id]
+    _, ungated = records["gemm_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_sfe8m0x32"]
+    plan = record.ctx.plan
+    assert record.ctx.entry.config.activation.gated
+    assert "MUFU.EX2" in disassemble(record.cubin) and "MUFU.EX2" not in disassemble(ungated.cubin)
+    assert record.info.count("UTMASTG") == (128 // plan.epi_m) * (128 // plan.epi_n) == 4
+    assert ungated.info.count("UTMASTG") == 2 * record.info.count("UTMASTG")

@@ -220,6 +220,15 @@ def test_every_fp4_kernel_launches_as_its_plan_says(fp4_build, tmp_path_factory,
     _check_launches(Recorded(result, link_recording_library(result, scratch / "lib"), scratch), FP4_PROBLEMS)
 
 
+def test_every_block_scaled_swiglu_kernel_launches_as_its_plan_says(blockscaled_swiglu_build, tmp_path_factory):
+    """Block-scaled SwiGLU kernels, planned asking for their block scale and swiglu: FP4_PROBLEMS with
+    N 1024 for 1040 (I = N/2 a multiple of the 64-row gate and up blocks, which the kernels pair)."""
+    problems = tuple((m, 1024 if n == 1040 else n, k, batch) for m, n, k, batch in FP4_PROBLEMS)
+    for result in blockscaled_swiglu_build.bundles:
+        scratch = tmp_path_factory.mktemp(f"recorded-blockscaled-swiglu-{result.bundle}")
+        _check_launches(Recorded(result, link_recording_library(result, scratch / "lib"), scratch), problems)
+
+
 def test_every_sm107_block_scaled_kernel_launches_as_its_plan_says(sm107_blockscaled_build, tmp_path_factory):
     """The sm107 pipeline's 64-byte-K block-scaled kernels (mxfp8 and fp4 operands in elements)."""
     scratch = tmp_path_factory.mktemp("recorded-sm107-blockscaled")

@@ -1,6 +1,7 @@
 """Block-scaled (mxfp8, nvfp4, mxfp4, fp4-e5m3-b32) GEMM on the GPU: every block-scaled kernel against the
 float64 product of its dequantized inputs (fp4 operands packed two per byte, as scaled_gemm takes
-them), the errors of wrong scales, and the refusal on a bundle without such kernels.
+them), every block-scaled SwiGLU kernel against float64 silu(gate) * up of that product, the errors
+of wrong scales, and the refusal on a bundle without such kernels.
 
     python -m pytest -q tests/gpu/test_blockscaled.py   (TILEKILN_TEST_BUNDLE: the bundle under test)
 
@@ -24,11 +25,13 @@ SHAPES = ((257, 200, 128), (1, 576, 256), (1000, 1032, 1024), (129, 1536, 7168),
 FORMATS = ("mxfp8", "nvfp4", "mxfp4", "fp4-e5m3-b32")
 
 
-def _mx_kernels(bundle, name="mxfp8"):
+def _mx_kernels(bundle, name="mxfp8", gated=False):
+    """The bundle's kernels of format ``name``: the SwiGLU ones where ``gated``, else the others."""
     from tilekiln.spec import BLOCK_SCALE_FORMATS
 
     fmt = BLOCK_SCALE_FORMATS[name]
-    return [k for k in bundle.kernels if k.config.block_scale == fmt.scale and k.config.dtypes.a == fmt.data]
+    return [k for k in bundle.kernels if k.config.block_scale == fmt.scale and k.config.dtypes.a == fmt.data
+            and k.config.activation.gated == gated]
 
 
 def _operands(torch, m, n, k, gen, name="mxfp8"):
@@ -74,6 +77,51 @@ def test_every_block_scaled_kernel_matches_the_dequantized_float64_product(torch
                 failures.append(f"{kernel.id} {(m, n, k)}: relative error of the worst row {err:.3g}")
             if not torch.equal(runs[0], runs[1]):
                 failures.append(f"{kernel.id} {(m, n, k)}: two runs differ")
+    assert not failures, "\n".join(failures)
+
+
+# (M, N, K) of the SwiGLU runs: N = 2I with I a multiple of 64 (whole gate and up blocks); odd M,
+# one scale-factor atom along K, several, a large one.
+SWIGLU_SHAPES = ((257, 256, 128), (1, 768, 256), (1000, 1024, 1024), (129, 1536, 7168))
+
+
+def _swiglu_reference(torch, product):
+    """float64 silu(gate) * up of ``product`` (M, N), whose columns interleave gate and up in blocks of
+    64 (tilekiln.swiglu_weight): (M, N/2)."""
+    m, n = product.shape
+    blocks = product.reshape(m, n // 128, 2, 64)
+    gate, up = blocks[:, :, 0, :], blocks[:, :, 1, :]
+    return (gate * torch.sigmoid(gate) * up).reshape(m, n // 2)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_every_block_scaled_swiglu_kernel_matches_float64_silu_gate_times_up(torch, bundle, name):
+    """Each SwiGLU kernel, pinned, against float64 silu(gate) * up of the dequantized product; then an
+    unpinned call whose I (160) is not a multiple of 64, which the ungated GEMM and torch compute."""
+    import tilekiln
+    from tilekiln import blockscaled as bs
+
+    kernels = _mx_kernels(bundle, name, gated=True)
+    if not kernels or torch.cuda.get_device_capability()[0] != 10:
+        pytest.skip(f"needs a bundle with {name} SwiGLU kernels on a compute capability 10.x device")
+    failures = []
+    runs = [(kernel.id, shape) for kernel in kernels for shape in SWIGLU_SHAPES] + [(None, (300, 320, 256))]
+    for i, (kernel_id, (m, n, k)) in enumerate(runs):
+        gen = torch.Generator(device="cuda").manual_seed(3950 + i)
+        a, sa, w, sw = _operands(torch, m, n, k, gen, name)
+        ref = _swiglu_reference(torch, bs.reference_mm(a, sa, w, sw, name))
+        args = (a, w.t(), bs.to_blocked(sa), bs.to_blocked(sw))
+        if kernel_id is None:
+            out = tilekiln.scaled_gemm(*args, scale_format=name, activation="swiglu", bundle=bundle)
+        else:
+            out = torch.full((m, n // 2), float("nan"), device="cuda", dtype=torch.bfloat16)
+            bundle.scaled_gemm(*args, out=out, kernel=kernel_id, scale_format=name, activation="swiglu")
+        torch.cuda.synchronize()
+        assert out.shape == (m, n // 2) and out.dtype == torch.bfloat16
+        per_row = (out.double() - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)
+        err = per_row.max().item() if not torch.isnan(out).any() else float("nan")
+        if not err < 1e-2:
+            failures.append(f"{kernel_id or 'unpinned'} {(m, n, k)}: relative error of the worst row {err:.3g}")
     assert not failures, "\n".join(failures)
 
 

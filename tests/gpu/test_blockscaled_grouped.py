@@ -18,7 +18,8 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-# mxfp4 has no grouped kernel in the default catalog, fp4-e5m3-b32 only in sm107a's: their cases skip elsewhere.
+# mxfp4 grouped kernels are in sm100a's and sm103a's default catalog (contiguous only), fp4-e5m3-b32 only in
+# sm107a's: their cases skip elsewhere.
 FORMATS = ("mxfp8", "nvfp4", "mxfp4", "fp4-e5m3-b32")
 # (N, K, rows per group): empty groups, one-row groups, groups smaller than, equal to and just past a
 # 128-row tile (so SFA bands are padded), N no tile multiple, K a few scale-factor atoms.

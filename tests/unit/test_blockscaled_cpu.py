@@ -453,3 +453,71 @@ def test_an_nvfp4_call_runs_only_on_an_nvfp4_kernel():
     assert (asked.m, asked.n, asked.k) == (256, 384, 512)
     assert check_kernel(nv, asked) is None
     assert check_kernel(mx4, asked) == "block_scale: kernel computes sfe8m0x32, the call asks for sfe4m3x16"
+
+
+# -- block-scaled SwiGLU (scaled_gemm(..., activation="swiglu")) ------------------------------------
+
+
+def _swiglu_problem(name, n):
+    """A ``scale_format=name`` call with activation swiglu of 256 rows, N = ``n`` (2I) and K 512, as
+    scaled_gemm describes its operands (on a device: make_problem refuses host memory)."""
+    import dataclasses
+
+    from tilekiln._tensors import describe
+    from tilekiln._torch import _scaled_request
+    from tilekiln.problem import make_problem
+
+    a, b, _, _, _ = _fp4_operands(name, m=256, n=n, k=512) if name != "mxfp8" else (*_operands(256, n, 512), None)
+    request = _scaled_request(a, b, name, None, None, None, None, "swiglu")
+    a_op, b_op = (dataclasses.replace(describe(t, label), device=0) for t, label in ((a, "a"), (b, "b")))
+    return make_problem(a_op, b_op, None, "bf16", request)
+
+
+@pytest.mark.parametrize("name,scale,dtype", [("mxfp8", ("e8m0", 32), "e4m3"), ("nvfp4", ("e4m3", 16), "e2m1")])
+def test_a_block_scaled_swiglu_call_runs_on_the_fused_kernel_else_pairs_in_torch(name, scale, dtype):
+    from tilekiln.select import check_kernel, choose, choose_fused
+    from tilekiln.spec import Activation, BlockScale, DType, DTypes
+
+    config = {"block_scale": BlockScale(DType(scale[0]), scale[1]),
+              "dtypes": DTypes(DType(dtype), DType(dtype), DType("f32"), DType("bf16"))}
+    gated = _record(0, "gated", activation=Activation.SWIGLU, **config)
+    plain = _record(1, "plain", **config)
+    dense_gated = _record(2, "dense_gated", activation=Activation.SWIGLU,
+                          dtypes=DTypes(DType(dtype), DType(dtype), DType("f32"), DType("bf16")))
+    asked = _swiglu_problem(name, 384)
+    assert asked.requested == (("block_scale", f"sf{scale[0]}x{scale[1]}"), ("activation", "swiglu"))
+    assert (asked.n, asked.out_n) == (384, 192)
+    assert check_kernel(gated, asked) is None
+    assert check_kernel(plain, asked) == "activation: kernel computes none, the call asks for swiglu"
+    assert check_kernel(dense_gated, asked).startswith("block_scale: kernel computes None")
+    kernels = (plain, gated, dense_gated)
+    choice, unfused = choose_fused(lambda p: choose(kernels, p, 148, {}), asked)
+    assert (choice.kernel.id, unfused) == ("gated", ())
+    # I = 160 is not a multiple of the 64-row gate and up blocks: the ungated block-scaled GEMM, and
+    # torch pairs its columns.
+    choice, unfused = choose_fused(lambda p: choose(kernels, p, 148, {}), _swiglu_problem(name, 320))
+    assert (choice.kernel.id, unfused) == ("plain", (("activation", "swiglu"),))
+
+
+def test_a_scaled_swiglu_call_is_refused_where_it_cannot_pair_columns():
+    from tilekiln._torch import _scaled_request, scaled_activation_token
+
+    a, b, _, _ = _operands(n=200)
+    assert scaled_activation_token(None) == "none" and scaled_activation_token("swiglu") == "swiglu"
+    with pytest.raises(ValueError, match=r"activation: scaled_gemm takes None or 'swiglu', got 'relu'"):
+        scaled_activation_token("relu")
+    with pytest.raises(ValueError, match=r"activation: 'swiglu' pairs gate and up columns of b, so N must be even; "
+                                         r"got N = 199"):
+        _scaled_request(a, b[:, :199], "mxfp8", None, None, None, None, "swiglu")
+    one = torch.ones(1)
+    with pytest.raises(ValueError, match=r"activation: 'swiglu' with a torch\.float8_e4m3fn result"):
+        _scaled_request(a, b, "tensor", torch.float8_e4m3fn, None, None, one, "swiglu")
+
+
+def test_a_traced_scaled_swiglu_call_allocates_half_the_columns():
+    from tilekiln._torch import _scaled_gemm_fake
+
+    a, b, sa, sb = _operands(n=256)
+    out = _scaled_gemm_fake(a, b, sa, sb, None, "", "", "mxfp8", None, None, "swiglu")
+    assert (tuple(out.shape), out.dtype) == ((130, 128), torch.bfloat16)
+    assert tuple(_scaled_gemm_fake(a, b, sa, sb, None, "", "", "mxfp8").shape) == (130, 256)
