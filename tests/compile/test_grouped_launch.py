@@ -1,20 +1,14 @@
 """The grouped kernels' host launch path against the recording stand-in for the driver
-(tests/compile/test_launch_record.py): two grouped kernels, built deviceless and linked with
-the recorder, are planned and launched through tilekiln.grouped (the path of
-``tilekiln.grouped_gemm``), and each must launch through the driver with grid (1, cluster_n,
-min(work-item bound, resident clusters)), where the bound is what the host can count without
-reading ``offs``: (ceil(total_M / tile M) + G) x the N tiles; the plan's threads and dynamic
-shared memory (the group table included); programmatic serialization."""
+(tests/compile/test_launch_record.py): three grouped kernels (clusters along N and along M), built
+deviceless and linked with the recorder, are planned and launched through tilekiln.grouped (the
+path of ``tilekiln.grouped_gemm``), and each must launch as check_grouped_launches says."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 
 from tests.compile.conftest import make_project, run_build
-from tests.compile.test_launch_record import (LAUNCH_CLUSTER_DIM, Launch, Recorded, link_recording_library,
-                                              recorded_launch)
+from tests.compile.test_launch_record import Recorded, check_grouped_launches, link_recording_library
 from tilekiln._tensors import Operand
 from tilekiln.grouped import launch_grouped, make_grouped_problem, plan_grouped
 
@@ -32,6 +26,8 @@ kernels:
   - tile: [64, 128, 64]
     cluster: [1, 2]
     schedule: pingpong
+  - tile: [128, 128, 64]
+    cluster: [2, 1]
 """
 # (total_M, N, K, G): decode-sized, ragged, large with many groups, one group.
 PROBLEMS = ((16, 4096, 4096, 8), (1008, 1040, 528, 3), (8192, 1536, 2048, 128), (300, 256, 128, 1))
@@ -47,28 +43,7 @@ def recorded(tmp_path_factory) -> Recorded:
 
 
 def test_every_grouped_kernel_launches_as_its_plan_says(recorded):
-    assert len(recorded.records) == 2
-    for kernel_id, record in recorded.records.items():
-        ctx = record.ctx
-        cfg, plan = ctx.entry.config, ctx.plan
-        recorded.configure(record.info.static_smem_bytes, ctx.facts.require("smem_per_block_optin"))
-        for m, n, k, groups in PROBLEMS:
-            a = Operand("a", (m, k), (k, 1), "bf16", 0x7F0000000000, 0, None)
-            b = Operand("b", (groups, k, n), (n * k, 1, k), "bf16", 0x7F1000000000, 0, None)
-            offs = Operand("offs", (groups,), (1,), "i32", 0x7F3000000000, 0, None)
-            out = Operand("out", (m, n), (n, 1), "bf16", 0x7F2000000000, 0, None)
-            grouped = plan_grouped(recorded.bundle, make_grouped_problem(a, b, offs, out, False), kernel_id)
-            kernel = next(kr for kr in recorded.bundle.kernels if kr.id == kernel_id)
-            resident = recorded.bundle.resident_clusters(kernel, 0)
-            before = len(recorded.events())
-            launch_grouped(recorded.bundle, grouped, a.ptr, b.ptr, out.ptr, offs.ptr, 0)
-            (launch,) = [e for e in recorded.events()[before:] if e["event"] == "launch"]
-            assert launch["path"] == "driver", launch
-            bound = (math.ceil(m / cfg.tile.m) + groups) * math.ceil(math.ceil(n / cfg.tile.n) / cfg.cluster.n)
-            expected = Launch((1, cfg.cluster.n, max(1, min(bound, resident))), (plan.threads, 1, 1),
-                              plan.smem.dynamic_bytes, (1, cfg.cluster.n, 1), 1)
-            assert recorded_launch(launch) == expected, (kernel_id, m, n, k, groups)
-            assert LAUNCH_CLUSTER_DIM in {attr["id"] for attr in launch["attributes"]}
+    assert check_grouped_launches(recorded, PROBLEMS) == set(recorded.records) and len(recorded.records) == 3
 
 
 def test_a_misaligned_offs_pointer_is_refused_before_the_launch(recorded):

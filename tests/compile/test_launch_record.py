@@ -265,3 +265,59 @@ def test_a_launch_that_disagrees_with_its_plan_is_caught(recorded_bundles):
     m, n, _, batch = PROBLEMS[0]
     assert launched != expected_launch(recorded.records[other].ctx, m, n, batch, OCCUPANCY)
     assert launched == pairs[0][0]
+
+
+def check_grouped_launches(recorded: Recorded, problems, requested=lambda cfg: ()) -> set[str]:
+    """Plan and launch every grouped kernel of ``recorded`` through tilekiln.grouped (the path of
+    ``grouped_gemm``) on each (total_M or M_max, N, K, G) of ``problems``, and assert it goes to the
+    driver with grid (cluster_m, cluster_n, min(work-item bound, resident clusters)), the bound being
+    what the host counts without reading the row table: (ceil(total_M / cluster rows) + G) cluster
+    tiles along M (masked: every group full) times the cluster tiles along N; the plan's threads,
+    dynamic shared memory and cluster; and the dynamic shared memory the plan's budget allows.
+    ``requested``: a kernel config's requested epilogue (a block scale). Returns the ids launched."""
+    from tilekiln.grouped import launch_grouped, make_grouped_problem, make_masked_problem, plan_grouped
+
+    launched = set()
+    for kernel_id, record in recorded.records.items():
+        ctx = record.ctx
+        cfg, plan = ctx.entry.config, ctx.plan
+        recorded.configure(record.info.static_smem_bytes, ctx.facts.require("smem_per_block_optin"))
+        dtype = cfg.dtypes.a.value
+        scaled = dtype != cfg.dtypes.c.value
+        masked = cfg.family == "grouped_masked"
+        cm, cn = cfg.cluster.m, cfg.cluster.n
+        cluster_tiles_n = lambda n: math.ceil(math.ceil(n / cfg.tile.n) / cn)  # noqa: E731
+        events_before = len(recorded.events())
+        for m, n, k, groups in problems:
+            # K-major B is nn.Linear's (G, N, K) weights transposed; N-major B a contiguous (G, K, N).
+            b_strides = (n * k, 1, k) if cfg.layout.b_k_major else (n * k, n, 1)
+            b = Operand("b", (groups, k, n), b_strides, dtype, 0x7F1000000000, 0, None)
+            rows = Operand("rows", (groups,), (1,), "i32", 0x7F3000000000, 0, None)
+            if masked:
+                a = Operand("a", (groups, m, k), (m * k, k, 1), dtype, 0x7F0000000000, 0, None)
+                out = Operand("out", (groups, m, n), (m * n, n, 1), "bf16", 0x7F2000000000, 0, None)
+                problem = make_masked_problem(a, b, rows, out, scaled, requested(cfg))
+                bound = math.ceil(m / (cfg.tile.m * cm)) * groups * cluster_tiles_n(n)
+            else:
+                a = Operand("a", (m, k), (k, 1), dtype, 0x7F0000000000, 0, None)
+                out = Operand("out", (m, n), (n, 1), "bf16", 0x7F2000000000, 0, None)
+                problem = make_grouped_problem(a, b, rows, out, scaled, requested(cfg))
+                bound = (math.ceil(m / (cfg.tile.m * cm)) + groups) * cluster_tiles_n(n)
+            grouped = plan_grouped(recorded.bundle, problem, kernel_id)
+            kernel = next(kr for kr in recorded.bundle.kernels if kr.id == kernel_id)
+            resident = recorded.bundle.resident_clusters(kernel, 0)
+            before = len(recorded.events())
+            launch_grouped(recorded.bundle, grouped, a.ptr, b.ptr, out.ptr, rows.ptr, 0,
+                           0x7F4000000000 if scaled else 0, 0x7F5000000000 if scaled else 0)
+            (launch,) = [e for e in recorded.events()[before:] if e["event"] == "launch"]
+            assert launch["path"] == "driver", launch
+            expected = Launch((cm, cn, max(1, min(bound, resident))), (plan.threads, 1, 1),
+                              plan.smem.dynamic_bytes, (cm, cn, 1), 1)
+            assert recorded_launch(launch) == expected, (kernel_id, m, n, k, groups)
+            assert LAUNCH_CLUSTER_DIM in {attr["id"] for attr in launch["attributes"]}
+        attributes = {e["attribute"]: e["value"] for e in recorded.events()[events_before:]
+                      if e["event"] == "kernel_attribute"}
+        budget = plan.smem_budget - ctx.template.manifest.parameters.static_smem_bytes
+        assert attributes[FUNC_MAX_DYNAMIC_SMEM] == budget >= plan.smem.dynamic_bytes, kernel_id
+        launched.add(kernel_id)
+    return launched

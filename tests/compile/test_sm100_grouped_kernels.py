@@ -22,17 +22,14 @@ pipeline's 64-byte K). Per kernel:
 
 from __future__ import annotations
 
-import math
 import re
 
 import pytest
 
 from builder.compile.cubin import compiled_for, disassemble
 from tests.compile.conftest import build_catalogs, records_by_id
-from tests.compile.test_launch_record import (FUNC_MAX_DYNAMIC_SMEM, LAUNCH_CLUSTER_DIM, Launch, Recorded,
-                                              link_recording_library, recorded_launch)
-from tilekiln._tensors import Operand
-from tilekiln.grouped import MAX_GROUPS, launch_grouped, make_grouped_problem, make_masked_problem, plan_grouped
+from tests.compile.test_launch_record import Recorded, check_grouped_launches, link_recording_library
+from tilekiln.grouped import MAX_GROUPS
 
 pytestmark = pytest.mark.compile
 
@@ -135,45 +132,5 @@ def test_every_grouped_kernel_launches_as_its_plan_says(build, tmp_path):
     launched = set()
     for bundle in build.bundles:
         recorded = Recorded(bundle, link_recording_library(bundle, tmp_path / "lib"), tmp_path)
-        for kernel_id, record in recorded.records.items():
-            ctx = record.ctx
-            cfg, plan = ctx.entry.config, ctx.plan
-            recorded.configure(record.info.static_smem_bytes, ctx.facts.require("smem_per_block_optin"))
-            dtype = cfg.dtypes.a.value
-            scaled = dtype == "e4m3"
-            masked = cfg.family == "grouped_masked"
-            cluster_tiles_n = lambda n: math.ceil(math.ceil(n / cfg.tile.n) / cfg.cluster.n)  # noqa: E731
-            events_before = len(recorded.events())
-            for m, n, k, groups in PROBLEMS:
-                # K-major B is nn.Linear's (G, N, K) weights transposed; N-major B a contiguous (G, K, N).
-                b_strides = (n * k, 1, k) if cfg.layout.b_k_major else (n * k, n, 1)
-                b = Operand("b", (groups, k, n), b_strides, dtype, 0x7F1000000000, 0, None)
-                rows = Operand("rows", (groups,), (1,), "i32", 0x7F3000000000, 0, None)
-                if masked:
-                    a = Operand("a", (groups, m, k), (m * k, k, 1), dtype, 0x7F0000000000, 0, None)
-                    out = Operand("out", (groups, m, n), (m * n, n, 1), "bf16", 0x7F2000000000, 0, None)
-                    problem = make_masked_problem(a, b, rows, out, scaled)
-                    bound = math.ceil(m / cfg.tile.m) * groups * cluster_tiles_n(n)
-                else:
-                    a = Operand("a", (m, k), (k, 1), dtype, 0x7F0000000000, 0, None)
-                    out = Operand("out", (m, n), (n, 1), "bf16", 0x7F2000000000, 0, None)
-                    problem = make_grouped_problem(a, b, rows, out, scaled)
-                    bound = (math.ceil(m / cfg.tile.m) + groups) * cluster_tiles_n(n)
-                grouped = plan_grouped(recorded.bundle, problem, kernel_id)
-                kernel = next(kr for kr in recorded.bundle.kernels if kr.id == kernel_id)
-                resident = recorded.bundle.resident_clusters(kernel, 0)
-                before = len(recorded.events())
-                launch_grouped(recorded.bundle, grouped, a.ptr, b.ptr, out.ptr, rows.ptr, 0,
-                               0x7F4000000000 if scaled else 0, 0x7F5000000000 if scaled else 0)
-                (launch,) = [e for e in recorded.events()[before:] if e["event"] == "launch"]
-                assert launch["path"] == "driver", launch
-                expected = Launch((1, cfg.cluster.n, max(1, min(bound, resident))), (plan.threads, 1, 1),
-                                  plan.smem.dynamic_bytes, (1, cfg.cluster.n, 1), 1)
-                assert recorded_launch(launch) == expected, (kernel_id, m, n, k, groups)
-                assert LAUNCH_CLUSTER_DIM in {attr["id"] for attr in launch["attributes"]}
-            attributes = {e["attribute"]: e["value"] for e in recorded.events()[events_before:]
-                          if e["event"] == "kernel_attribute"}
-            budget = plan.smem_budget - ctx.template.manifest.parameters.static_smem_bytes
-            assert attributes[FUNC_MAX_DYNAMIC_SMEM] == budget >= plan.smem.dynamic_bytes, kernel_id
-            launched.add(kernel_id)
+        launched |= check_grouped_launches(recorded, PROBLEMS)
     assert launched == set(KERNELS)
