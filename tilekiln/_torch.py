@@ -771,8 +771,9 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
         bundle.remember(key, plan)
     if plan.unfused:
         fused = tuple(r for r in requested if r not in plan.unfused)
-        if out is None and plan.problem.out_n != plan.problem.n:
-            # A gated result torch computes is allocated as a fused one would be (and as the fakes say).
+        if out is None:
+            # A result torch finishes is allocated as a fused one would be (and as the fakes say):
+            # torch's own results of a padded one are contiguous.
             out = _allocate(plan.problem.out_shape, plan.problem.k, a.dtype, a.device)
         return _apply_unfused(plan, run_gemm(bundle, a, b, None, stream, kernel, fused, bias, residual, values), out,
                               stream, bias, residual, values)
@@ -860,6 +861,8 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
         bundle.remember(key, plan)
     if plan.unfused:
         fused = tuple(r for r in requested if r not in plan.unfused)
+        if out is None:
+            out = _allocate(plan.problem.out_shape, plan.problem.k, out_dtype, a.device)
         return _apply_unfused(plan, run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, None, stream, kernel,
                                                     fused, bias), out, stream, bias)
     if out is None:
@@ -901,8 +904,9 @@ def _split_k(bundle, plan, a, b, out, stream, scale_a: int = 0, scale_b: int = 0
 # -- the operators ---------------------------------------------------------------------------------
 
 
-def _fake_result(a: Tensor, b: Tensor, dtype: torch.dtype, activation: str = "none") -> Tensor:
-    """The result a call of ``a`` and ``b`` allocates: half of b's columns where swiglu pairs them."""
+def _new_result(a: Tensor, b: Tensor, dtype: torch.dtype, activation: str = "none") -> Tensor:
+    """The result a call of ``a`` and ``b`` allocates (and its fake says it does): half of b's
+    columns where swiglu pairs them."""
     shape, k = result_shape(tuple(a.shape), tuple(b.shape))
     if activation == "swiglu":
         shape = shape[:-1] + (shape[-1] // 2,)
@@ -932,11 +936,14 @@ def gemm_op(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool, acti
                             residual)
         y = run_gemm(target, a, b, None, None, kernel or None, requested_epilogue(bias=bias_type, activation=activation),
                      bias)
-        return add_residual(y, residual)
+        return y.copy_(add_residual(y, residual))
     try:
         return run_gemm(target, a, b, None, None, None)
     except (NoKernelError, ValueError, TypeError):  # raised before any launch: no kernel takes these operands
-        return torch.matmul(a, b)
+        y = torch.matmul(a, b)
+        shape, k = result_shape(tuple(a.shape), tuple(b.shape))
+        # At the strides the fake promises: torch's are contiguous, tilekiln's rows 16-byte padded.
+        return y if y.stride() == result_strides(shape, k, y.dtype.itemsize) else _new_result(a, b, a.dtype).copy_(y)
 
 
 def _check_op_residual(a: Tensor, b: Tensor, residual: Tensor) -> None:
@@ -953,7 +960,7 @@ def _gemm_fake(a: Tensor, b: Tensor, bundle: str, kernel: str, fallback: bool, a
                bias: Tensor | None = None, residual: Tensor | None = None) -> Tensor:
     if residual is not None:
         _check_op_residual(a, b, residual)
-    return _fake_result(a, b, a.dtype, activation)
+    return _new_result(a, b, a.dtype, activation)
 
 
 def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
@@ -1081,7 +1088,7 @@ def _scaled_gemm_fake(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor, ou
                       bundle: str, kernel: str, scale_format: str, bias: Tensor | None = None,
                       scale_result: Tensor | None = None, activation: str = "none") -> Tensor:
     _check_traced(a, b, scale_a, scale_b, scale_format, out_dtype, None, bias, scale_result, activation)
-    return _fake_result(a, b, torch.bfloat16 if out_dtype is None else out_dtype, activation)
+    return _new_result(a, b, torch.bfloat16 if out_dtype is None else out_dtype, activation)
 
 
 @torch.library.custom_op("tilekiln::scaled_gemm_out", mutates_args=("out",))
