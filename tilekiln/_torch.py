@@ -188,6 +188,22 @@ def _allocate(shape: tuple[int, ...], k: int, dtype: torch.dtype, device) -> tor
     return torch.empty_strided(shape, result_strides(shape, k, dtype.itemsize), dtype=dtype, device=device)
 
 
+def _stage_for(out: Tensor, k: int, stream, keep: bool = False) -> Tensor | None:
+    """A buffer for the kernel to write in place of ``out`` (a copy of it where ``keep``: a grouped
+    call leaves rows no group owns as they were), or None where ``out`` can take the kernel's stores.
+
+    TMA stores write a row in whole 16-byte chunks (a hardware limit: measured on the H100, an out of
+    N = 100 bf16 columns in rows of 104 had columns 100 to 103 zeroed by every sm90 kernel), so where
+    N * itemsize is no multiple of 16 the chunk that holds a row's last column also covers columns
+    that are the caller's. Such a call runs into tilekiln's own padded result, then torch copies it
+    into ``out``."""
+    if not out.numel() or out.shape[-1] * out.element_size() % 16 == 0:
+        return None
+    with _on_stream(stream, out.get_device()):
+        stage = _allocate(tuple(out.shape), k, out.dtype, out.device)
+        return stage.copy_(out) if keep else stage
+
+
 # torch's definition of each Activation (tilekiln/spec.py): the fallback where no kernel fuses it,
 # the autograd path, and the reference the GPU tests compare the fused kernels with.
 ACTIVATIONS = {
@@ -779,6 +795,14 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
                               stream, bias, residual, values)
     if out is None:
         out = _allocate(plan.problem.out_shape, plan.problem.k, a.dtype, a.device)
+    elif plan.block is not None and plan.split == 1 and (stage := _stage_for(out, plan.problem.k, stream)) is not None:
+        if residual is not None and residual.stride() != stage.stride():
+            # A fused residual is read at the result's strides, now the stage's.
+            with _on_stream(stream, plan.problem.device):
+                residual = torch.empty_like(stage).copy_(residual)
+        run_gemm(bundle, a, b, stage, stream, kernel, requested, bias, residual, values)
+        with _on_stream(stream, plan.problem.device):
+            return out.copy_(stage)
     block = plan.block
     if block is None:
         if plan.problem.k == 0:
@@ -867,6 +891,11 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
                                                     fused, bias), out, stream, bias)
     if out is None:
         out = _allocate(plan.problem.out_shape, plan.problem.k, out_dtype, a.device)
+    elif plan.block is not None and plan.split == 1 and (stage := _stage_for(out, plan.problem.k, stream)) is not None:
+        run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, stage, stream, kernel, requested, bias,
+                        scale_result)
+        with _on_stream(stream, plan.problem.device):
+            return out.copy_(stage)
     if plan.block is None:
         if plan.problem.k == 0:
             out.zero_()
@@ -1253,6 +1282,9 @@ def run_grouped_gemm(bundle: Bundle, a: Tensor, b: Tensor, rows, scale_a, scale_
     if plan.unfused:
         with _on_stream(stream, problem.device):
             target = _allocate(plan.run.out_shape, problem.k, dtype, a.device).zero_()
+    else:
+        stage = _stage_for(out, problem.k, stream, keep=True)
+        target = out if stage is None else stage
     if scale_format is not None:
         check_scale_pointers(scale_a, scale_b)
     launch_grouped(bundle, plan, a.data_ptr(), b.data_ptr(), target.data_ptr(), rows.data_ptr(),
@@ -1260,6 +1292,9 @@ def run_grouped_gemm(bundle: Bundle, a: Tensor, b: Tensor, rows, scale_a, scale_
                    0 if scale_b is None else scale_b.data_ptr())
     if plan.unfused:
         return _apply_unfused(plan, target, out, stream)
+    if target is not out:
+        with _on_stream(stream, problem.device):
+            out.copy_(target)
     return out
 
 
