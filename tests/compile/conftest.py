@@ -192,8 +192,11 @@ SM107_BLOCKSCALED_KERNELS = {
 }
 
 # The sm103 pipeline's block-scaled fp4 kernels (the 48-byte-K MMA, CTA K fixed at 384 bytes):
-# catalog/gemm/sm103_blockscaled.yaml's nvfp4 and mxfp4 kernels.
+# catalog/gemm/sm103_blockscaled.yaml's nvfp4 (bf16 and fp16 output) and mxfp4 kernels.
 SM103_BLOCKSCALED_KERNELS = {
+    "gemm_sm103_e2m1_e2m1_f32_f16_tn_128x128x768_c1x1_sfe4m3x16": (
+        "sm_103a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: f16}\n    block_scale: {scale: e4m3, block: 16}\n"
+                   "    tile: [128, 128, 768]\n    cluster: [1, 1]"),
     "gemm_sm103_e2m1_e2m1_f32_bf16_tn_128x128x768_c1x1_sfe4m3x16": (
         "sm_103a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}\n    block_scale: {scale: e4m3, block: 16}\n"
                    "    tile: [128, 128, 768]\n    cluster: [1, 1]"),
