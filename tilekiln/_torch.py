@@ -833,8 +833,9 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
     the cached plan's key, so a cached plan never serves a call its checks would refuse) and launched.
     ``requested`` (:func:`_scaled_request`): the scale format, then the bias, whose type the caller
     checked, as it checked ``scale_result`` against the result's type. An fp8 result runs unsplit:
-    split-K's fp32 partial sums would be added after the kernel's output scale."""
-    out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+    split-K's fp32 partial sums would be added after the kernel's output scale. ``out_dtype`` None:
+    out's type, else bf16 (:func:`_result_dtype`, as scaled_gemm_out_op passes it under torch.compile)."""
+    out_dtype = _result_dtype(out_dtype, out) if out_dtype is None else out_dtype
     fp8_result = (out_dtype if out is None else out.dtype) in SCALED_RESULTS
     blockwise, rowwise = _BLOCKWISE in requested, _ROWWISE in requested
     block_format = requested_format(requested, a.dtype)
@@ -844,7 +845,7 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
     plan = bundle._plans.get(key)
     if plan is None:
         if block_format is not None:
-            _check_block_kernels(bundle, block_format, out_dtype if out is None else out.dtype)
+            _check_block_kernels(bundle, block_format, out_dtype)
             check_block_operands(a, b, block_format)
         a_op, b_op = describe(a, "a"), describe(b, "b")
         # Blockwise scales are strided tensors, whose strides go in the plan block.

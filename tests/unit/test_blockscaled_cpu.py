@@ -587,10 +587,11 @@ def test_an_fp16_result_no_kernel_writes_is_refused_naming_out_dtype(tmp_path):
     a, b, sa, sb = _operands(256, 384, 512)
     with pytest.raises(NoKernelError, match=message):
         scaled_gemm(bundle, a, b, sa, sb, torch.float16, None, None, scale_format="mxfp8")
-    # an out= tensor's type is the result's
-    with pytest.raises(NoKernelError, match=message):
-        scaled_gemm(bundle, a, b, sa, sb, torch.float16, torch.empty(256, 384, dtype=torch.float16), None,
-                    scale_format="mxfp8")
+    # an out= tensor's type is the result's, without out_dtype too
+    half = torch.empty(256, 384, dtype=torch.float16)
+    for out_dtype in (torch.float16, None):
+        with pytest.raises(NoKernelError, match=message):
+            scaled_gemm(bundle, a, b, sa, sb, out_dtype, half, None, scale_format="mxfp8")
     with pytest.raises(NoKernelError, match=r"out_dtype: scale_format='mxfp8' with a torch\.float32 result"):
         _check_block_kernels(bundle, "mxfp8", torch.float32)
     # the types the format's kernels write pass; the nvfp4 kernel writes f16 only
@@ -630,3 +631,28 @@ def test_a_pair_swiglu_kernel_takes_the_block_scaled_swiglu_call():
                    **_typed("nvfp4", "bf16"))
     assert check_kernel(pair, asked) is None
     assert check_kernel(pair, _swiglu_problem("nvfp4", 320)).startswith("swiglu: I = N/2 = 160")
+
+
+def test_an_out_tensor_decides_the_result_type_without_out_dtype(tmp_path, monkeypatch):
+    """scaled_gemm(..., out=fp16 tensor) plans an fp16 result (as out_dtype=torch.float16 does, and as
+    the torch.compile operator passes out's type), not the bf16 default."""
+    from tilekiln._torch import scaled_gemm
+
+    bundle = _blackwell_bundle(tmp_path, _record(0, "mx16", **_typed("mxfp8", "f16")),
+                               _record(1, "mx", **_typed("mxfp8", "bf16")))
+    asked = []
+
+    class Planned(Exception):
+        pass
+
+    def plan(a, b, out, kernel=None, out_dtype=None, **_):
+        asked.append((out.dtype, out_dtype))
+        raise Planned
+
+    monkeypatch.setattr(bundle, "plan", plan)
+    a, b, sa, sb = _operands(256, 384, 512)
+    for out_dtype, result in ((None, torch.float16), (torch.float16, torch.float16), (None, torch.bfloat16)):
+        with pytest.raises(Planned):
+            scaled_gemm(bundle, a, b, sa, sb, out_dtype, torch.empty(256, 384, dtype=result), None,
+                        scale_format="mxfp8")
+    assert asked == [("f16", "f16"), ("f16", "f16"), ("bf16", "bf16")]
