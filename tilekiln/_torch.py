@@ -490,14 +490,24 @@ def _scaled_request(a: Tensor, b: Tensor, scale_format: str, out_dtype, out: Ten
     return requested_epilogue(scaling=scale_format, bias=bias_type, activation=activation)
 
 
-def _check_block_kernels(bundle: Bundle, name: str) -> None:
+def _check_block_kernels(bundle: Bundle, name: str, result: torch.dtype | None = None) -> None:
     """A bundle without any kernel of the block-scaled format ``name``: the arch message, not a list
-    of every kernel's refusal."""
+    of every kernel's refusal. ``result`` (a dense call's result type): a bundle whose ``name``
+    kernels write other types names ``out_dtype`` and the types they write, where the list of
+    refusals would only say "dtype" per kernel; the result is never rounded to another type."""
     fmt = format_of(name)
-    if not any(k.config.block_scale == fmt.scale and k.config.dtypes.a == fmt.data for k in bundle.kernels):
+    kernels = [k for k in bundle.kernels if k.config.block_scale == fmt.scale and k.config.dtypes.a == fmt.data]
+    if not kernels:
         raise NoKernelError(f"scale_format={name!r}: bundle {bundle.name} ({bundle.arch}) has no {name} kernels; "
                             "the block-scaled tcgen05 MMA exists on compute capability 10.x, whose bundles "
                             "(sm_100a, sm_103a, sm_107a) hold them")
+    written = sorted({k.config.dtypes.c.value for k in kernels if k.config.family == "gemm"})
+    if result is not None and written and torch_dtype_token(result) not in written:
+        offered = " or ".join(f"torch.{DTYPES[t].torch}" for t in written)
+        raise NoKernelError(f"out_dtype: scale_format={name!r} with a {result} result: bundle {bundle.name} "
+                            f"({bundle.arch}) has no {name} kernel writing {torch_dtype_token(result)} (its {name} "
+                            f"kernels write {', '.join(written)}); pass out_dtype={offered}, or build a "
+                            f"kernel with that c (docs/catalog.md)")
 
 
 def linear(bundle, x: Tensor, weight: Tensor, bias: Tensor | None, activation, residual: Tensor | None,
@@ -847,8 +857,9 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
     the cached plan's key, so a cached plan never serves a call its checks would refuse) and launched.
     ``requested`` (:func:`_scaled_request`): the scale format, then the bias, whose type the caller
     checked, as it checked ``scale_result`` against the result's type. An fp8 result runs unsplit:
-    split-K's fp32 partial sums would be added after the kernel's output scale."""
-    out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+    split-K's fp32 partial sums would be added after the kernel's output scale. ``out_dtype`` None:
+    out's type, else bf16 (:func:`_result_dtype`, as scaled_gemm_out_op passes it under torch.compile)."""
+    out_dtype = _result_dtype(out_dtype, out) if out_dtype is None else out_dtype
     fp8_result = (out_dtype if out is None else out.dtype) in SCALED_RESULTS
     blockwise, rowwise = _BLOCKWISE in requested, _ROWWISE in requested
     block_format = requested_format(requested, a.dtype)
@@ -858,7 +869,7 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
     plan = bundle._plans.get(key)
     if plan is None:
         if block_format is not None:
-            _check_block_kernels(bundle, block_format)
+            _check_block_kernels(bundle, block_format, out_dtype)
             check_block_operands(a, b, block_format)
         a_op, b_op = describe(a, "a"), describe(b, "b")
         # Blockwise scales are strided tensors, whose strides go in the plan block.
