@@ -211,8 +211,9 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
             k = -(-k // step) * step
             a8, sa = bs.quantize_operand(torch.randn(m, k, device="cuda", generator=gen), block_format)
             w8, sw = bs.quantize_operand(torch.randn(n, k, device="cuda", generator=gen), block_format)
-            out = _poisoned(torch, (m, out_n), torch.bfloat16)
-            scaled(a8, w8.t(), out, scales=(bs.to_blocked(sa), bs.to_blocked(sw)))
+            # In the kernel's own output type (bf16 or fp16), which the call asks for.
+            out = _poisoned(torch, (m, out_n), out_dtype)
+            scaled(a8, w8.t(), out, out_dtype=out_dtype, scales=(bs.to_blocked(sa), bs.to_blocked(sw)))
             yield f"{kernel.id} {m}x{n}x{k}", out, epilogue(bs.reference_mm(a8, sa, w8, sw, block_format))
             continue
         a = _matrix(torch, m, k, cfg.layout.a_k_major, batch, dtype, gen)
