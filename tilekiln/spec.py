@@ -109,7 +109,8 @@ class Raster(str, enum.Enum):
 class Scheduler(str, enum.Enum):
     """How a persistent kernel's clusters find their output tiles. static: a grid of as many clusters
     as the device holds at once, cluster p walking work items p, p + P, ... . clc: a grid of every
-    output cluster tile; a running cluster takes the next tile by cancelling a cluster not yet
+    output cluster tile (a grouped kernel's: of the host's bound on them, clusters past the device's
+    count stopping at once); a running cluster takes the next tile by cancelling a cluster not yet
     launched (cluster launch control, ``clusterlaunchcontrol.try_cancel``, SM 10.x), so clusters
     that finish early take more tiles."""
 

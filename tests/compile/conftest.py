@@ -62,7 +62,7 @@ def records_by_id(result) -> dict:
 # The tcgen05 kernels the census and launch tests build: (target, catalog item), each kernel
 # for one target only, covering every form of the default bundles (bf16/f16 and fp8, each
 # layout letter, 1-CTA and 2-CTA, swap_ab, an activation, the sm107 pipeline's 64-byte K, the
-# cluster-launch-control scheduler on a CTA pair and on one CTA).
+# cluster-launch-control scheduler on a CTA pair and on one CTA, and on a block-scaled CTA pair).
 TCGEN05_KERNELS = {
     "gemm_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c1x1": (
         "sm_100a", "tile: [128, 256, 64]\n    cluster: [1, 1]"),
@@ -95,9 +95,12 @@ TCGEN05_KERNELS = {
     "gemm_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c2x1_2cta_sfe8m0x32": (
         "sm_103a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
                    "    tile: [128, 256, 128]\n    cluster: [2, 1]\n    cta_group: 2"),
+    "gemm_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c2x1_2cta_sfe8m0x32_clc": (
+        "sm_103a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
+                   "    tile: [128, 256, 128]\n    cluster: [2, 1]\n    cta_group: 2\n    scheduler: clc"),
 }
-# The block-scaled fp4 kernels (nvfp4, mxfp4), the catalog's: their census and their launch
-# records, in bundles of their own.
+# The block-scaled fp4 kernels (nvfp4, mxfp4), the catalog's, and nvfp4's clc twin: their census
+# and their launch records, in bundles of their own.
 FP4_KERNELS = {
     "gemm_sm100_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe4m3x16": (
         "sm_100a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}\n    block_scale: {scale: e4m3, block: 16}\n"
@@ -108,6 +111,9 @@ FP4_KERNELS = {
     "gemm_sm100_e2m1_e2m1_f32_bf16_tn_128x256x256_c2x1_2cta_sfe4m3x16": (
         "sm_107a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}\n    block_scale: {scale: e4m3, block: 16}\n"
                    "    tile: [128, 256, 256]\n    cluster: [2, 1]\n    cta_group: 2"),
+    "gemm_sm100_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe4m3x16_clc": (
+        "sm_100a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}\n    block_scale: {scale: e4m3, block: 16}\n"
+                   "    tile: [128, 256, 256]\n    cluster: [1, 1]\n    scheduler: clc"),
 }
 
 # Block-scaled SwiGLU (templates/sm100_blockscaled.py.j2 with the gated epilogue of
@@ -192,7 +198,7 @@ SM107_BLOCKSCALED_KERNELS = {
 }
 
 # The sm103 pipeline's block-scaled fp4 kernels (the 48-byte-K MMA, CTA K fixed at 384 bytes):
-# catalog/gemm/sm103_blockscaled.yaml's nvfp4 (bf16 and fp16 output) and mxfp4 kernels.
+# catalog/gemm/sm103_blockscaled.yaml's nvfp4 (bf16 and fp16 output) and mxfp4 kernels and nvfp4's clc twin.
 SM103_BLOCKSCALED_KERNELS = {
     "gemm_sm103_e2m1_e2m1_f32_f16_tn_128x128x768_c1x1_sfe4m3x16": (
         "sm_103a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: f16}\n    block_scale: {scale: e4m3, block: 16}\n"
@@ -203,6 +209,9 @@ SM103_BLOCKSCALED_KERNELS = {
     "gemm_sm103_e2m1_e2m1_f32_bf16_tn_128x128x768_c1x1_sfe8m0x32": (
         "sm_103a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
                    "    tile: [128, 128, 768]\n    cluster: [1, 1]"),
+    "gemm_sm103_e2m1_e2m1_f32_bf16_tn_128x128x768_c1x1_sfe4m3x16_clc": (
+        "sm_103a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}\n    block_scale: {scale: e4m3, block: 16}\n"
+                   "    tile: [128, 128, 768]\n    cluster: [1, 1]\n    scheduler: clc"),
 }
 
 

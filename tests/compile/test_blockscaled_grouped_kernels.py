@@ -3,10 +3,10 @@ Blackwell-family targets into what its plan says, and its host launch path launc
 validator derived.
 
 No Blackwell or Rubin part has run these kernels: this census and the recorded launches are what
-verifies them. The catalog's seven kernels (catalog/gemm/sm100_blockscaled_grouped.yaml and the
+verifies them. The catalog's eight kernels (catalog/gemm/sm100_blockscaled_grouped.yaml and the
 grouped items of sm107_blockscaled.yaml), each for one target: mxfp8, nvfp4 and mxfp4 in the
-contiguous layout, mxfp8 in the masked one, mxfp8 on the sm107 pipeline's 64-byte K in both, and fp4 with
-e5m3 scales (SM 10.7 only) contiguous. Per kernel:
+contiguous layout, mxfp8 in the masked one, mxfp8 on the sm107 pipeline's 64-byte K in both, fp4 with
+e5m3 scales (SM 10.7 only) contiguous, and nvfp4's cluster-launch-control twin. Per kernel:
 
 * the block-scaled MMA: UTCQMMA for e4m3 data (kind::mxf8f6f4), UTCOMMA for e2m1 (mxf4 for
   32-element e8m0 blocks; mxf4nvf4 for nvfp4, its 16-element-block form, ``.BLOCK16`` as nvdisasm
@@ -18,8 +18,8 @@ e5m3 scales (SM 10.7 only) contiguous. Per kernel:
   stores (STG) and the group table's loads (LDG), no local memory, registers within the facts, the
   shared memory the plan modelled (scale-factor rings and group table included);
 * launched through the driver (the recording stand-in of test_launch_record.py) with grid (1, 1,
-  min(work-item bound, resident clusters)), the plan's threads and dynamic shared memory, the
-  cluster attribute, for contiguous and masked problems.
+  min(work-item bound, resident clusters)) (the clc twin: (bound, 1, 1)), the plan's threads and
+  dynamic shared memory, the cluster attribute, for contiguous and masked problems.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import pytest
 from builder.compile.cubin import compiled_for, disassemble
 from tests.compile.conftest import build_catalogs, records_by_id
 from tests.compile.test_launch_record import Recorded, check_grouped_launches, link_recording_library
+from tests.compile.test_sm100_kernels import check_scheduler_census
 from tilekiln.blockscaled import block_request
 from tilekiln.grouped import MAX_GROUPS
 from tilekiln.problem import requested_epilogue
@@ -53,6 +54,12 @@ kernels:
     cluster: [1, 1]
     dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}
     block_scale: {scale: e4m3, block: 16}
+    targets: [sm_103a]
+  - tile: [128, 256, 256]
+    cluster: [1, 1]
+    dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}
+    block_scale: {scale: e4m3, block: 16}
+    scheduler: clc
     targets: [sm_103a]
   - tile: [128, 256, 256]
     cluster: [1, 1]
@@ -85,6 +92,7 @@ kernels:
 KERNELS = {
     "grouped_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_sfe8m0x32": "sm_100a",
     "grouped_sm100_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe4m3x16": "sm_103a",
+    "grouped_sm100_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe4m3x16_clc": "sm_103a",
     "grouped_sm100_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe8m0x32": "sm_100a",
     "grouped_masked_sm100_e4m3_e4m3_f32_bf16_tn_128x128x128_c1x1_sfe8m0x32": "sm_100a",
     "grouped_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_sfe8m0x32": "sm_107a",
@@ -154,6 +162,13 @@ def test_kernel_compiles_to_the_block_scaled_mma_its_plan_names(records, kernel_
     (kernel,) = [k for k in manifest["kernels"] if k["id"] == kernel_id]
     assert kernel["resources"]["smem_bytes"] == plan.smem.total <= plan.smem_budget
     assert kernel["verification"] == "compile-verified"
+
+
+def test_the_clc_twin_issues_try_cancel_once_and_the_static_kernels_never(records):
+    """nvfp4's cluster-launch-control twin (scheduler: clc): its scheduler warp's one
+    UGETNEXTWORKID.BROADCAST, none in any static kernel (check_scheduler_census)."""
+    clc = {kid for kid, (bundle, record) in records.items() if check_scheduler_census(bundle, record)}
+    assert clc == {"grouped_sm100_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe4m3x16_clc"}
 
 
 def test_the_sm107_pipeline_issues_the_64_byte_k_mma(records):

@@ -280,7 +280,8 @@ def check_grouped_launches(recorded: Recorded, problems, requested=lambda cfg: (
     ``grouped_gemm``) on each (total_M or M_max, N, K, G) of ``problems``, and assert it goes to the
     driver with grid (cluster_m, cluster_n, min(work-item bound, resident clusters)), the bound being
     what the host counts without reading the row table: (ceil(total_M / cluster rows) + G) cluster
-    tiles along M (masked: every group full) times the cluster tiles along N; the plan's threads,
+    tiles along M (masked: every group full) times the cluster tiles along N (a ``scheduler: clc``
+    kernel: grid (cluster_m x bound, cluster_n, 1), a cluster per item of the bound); the plan's threads,
     dynamic shared memory and cluster; and the dynamic shared memory the plan's budget allows.
     ``requested``: a kernel config's requested epilogue (a block scale). Returns the ids launched."""
     from tilekiln.grouped import launch_grouped, make_grouped_problem, make_masked_problem, plan_grouped
@@ -319,7 +320,9 @@ def check_grouped_launches(recorded: Recorded, problems, requested=lambda cfg: (
                            0x7F4000000000 if scaled else 0, 0x7F5000000000 if scaled else 0)
             (launch,) = [e for e in recorded.events()[before:] if e["event"] == "launch"]
             assert launch["path"] == "driver", launch
-            expected = Launch((cm, cn, max(1, min(bound, resident))), (plan.threads, 1, 1),
+            grid = ((cm * bound, cn, 1) if cfg.scheduler is Scheduler.CLC
+                    else (cm, cn, max(1, min(bound, resident))))
+            expected = Launch(grid, (plan.threads, 1, 1),
                               plan.smem.dynamic_bytes, (cm, cn, 1), 1)
             assert recorded_launch(launch) == expected, (kernel_id, m, n, k, groups)
             assert LAUNCH_CLUSTER_DIM in {attr["id"] for attr in launch["attributes"]}

@@ -2,9 +2,10 @@
 target into what its plan says, and its host launch path launches what the validator derived.
 
 No Blackwell or Rubin part has run these kernels: this census and the recorded launches are what
-verifies them. Five kernels, each for one target: the contiguous layout (bf16 K-major B, bf16
+verifies them. Seven kernels, each for one target: the contiguous layout (bf16 K-major B, bf16
 N-major B with A multicast along a 1x2 cluster, fp8) and the masked one (bf16, and fp8 on the sm107
-pipeline's 64-byte K). Per kernel:
+pipeline's 64-byte K), and the cluster-launch-control twins of the bf16 contiguous and masked ones.
+Per kernel:
 
 * the MMA kind (UTCHMMA for 16-bit operands, UTCQMMA for 8-bit ones), never a .2CTA form (one CTA
   along M: the template's cluster_m), ``k_blocks`` of them per K slice: the pipeline's MMA K width;
@@ -17,7 +18,8 @@ pipeline's 64-byte K). Per kernel:
   (1, cluster_n, min(work-item bound, resident clusters)), the bound being what the host can count
   without reading ``offs``/``masked_m`` (tilekiln/grouped.py, GroupedProblem.work_items), the
   plan's 192 threads and dynamic shared memory, the cluster attribute and programmatic
-  serialization.
+  serialization; a clc kernel with grid (1 x bound, cluster_n, 1) and 224 threads, and exactly one
+  ``UGETNEXTWORKID.BROADCAST`` (check_scheduler_census).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import pytest
 from builder.compile.cubin import compiled_for, disassemble
 from tests.compile.conftest import build_catalogs, records_by_id
 from tests.compile.test_launch_record import Recorded, check_grouped_launches, link_recording_library
+from tests.compile.test_sm100_kernels import check_scheduler_census
 from tilekiln.grouped import MAX_GROUPS
 
 pytestmark = pytest.mark.compile
@@ -51,6 +54,15 @@ kernels:
     tile: [128, 128, 64]
     cluster: [1, 1]
     targets: [sm_103a]
+  - tile: [128, 256, 64]
+    cluster: [1, 1]
+    scheduler: clc
+    targets: [sm_100a]
+  - family: grouped_masked
+    tile: [128, 128, 64]
+    cluster: [1, 1]
+    scheduler: clc
+    targets: [sm_103a]
   - dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}
     tile: [128, 256, 128]
     cluster: [1, 1]
@@ -68,6 +80,8 @@ kernels:
 """
 KERNELS = {
     "grouped_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c1x1": "sm_100a",
+    "grouped_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c1x1_clc": "sm_100a",
+    "grouped_masked_sm100_bf16_bf16_f32_bf16_tn_128x128x64_c1x1_clc": "sm_103a",
     "grouped_sm100_bf16_bf16_f32_bf16_tt_128x128x64_c1x2": "sm_100f",
     "grouped_masked_sm100_bf16_bf16_f32_bf16_tn_128x128x64_c1x1": "sm_103a",
     "grouped_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1": "sm_103a",
@@ -118,6 +132,16 @@ def test_kernel_compiles_to_the_mma_its_plan_names(records, kernel_id):
     # Row ends and item ends: two int32 tables of one more entry than the most groups.
     assert plan.smem.table_bytes == 2 * (MAX_GROUPS + 1) * 4
     assert plan.smem.total <= plan.smem_budget
+
+
+def test_the_clc_twins_issue_try_cancel_once_and_the_static_kernels_never(records):
+    clc = {kid for kid, (bundle, record) in records.items() if check_scheduler_census(bundle, record)}
+    assert clc == {kid for kid in KERNELS if kid.endswith("_clc")} and len(clc) == 2
+    _, twin = records["grouped_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c1x1"]
+    _, record = records["grouped_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c1x1_clc"]
+    assert (record.ctx.plan.threads, twin.ctx.plan.threads) == (224, 192)
+    # The cursor into the group table moves back where a cancelled item lies before its group.
+    assert "while item < item_ends[group]:" in record.source and "while item < item_ends[group]:" not in twin.source
 
 
 def test_the_sm107_pipeline_issues_the_64_byte_k_mma(records):

@@ -17,7 +17,8 @@ Per kernel, read from the plan the validator derived:
   exact target the cubin was assembled for;
 * the scheduler: a ``scheduler: clc`` kernel's cluster-launch-control query
   (``clusterlaunchcontrol.try_cancel``, SASS ``UGETNEXTWORKID.BROADCAST``),
-  and none in any static kernel.
+  and none in any static kernel (check_scheduler_census, which the grouped
+  templates' census modules also run).
 """
 
 from __future__ import annotations
@@ -74,22 +75,36 @@ def test_kernel_compiles_to_the_mma_its_plan_names(sm100_build, kernel_id):
     assert kernel["config"]["cta_group"] == cfg.cta_group and kernel["verification"] == "compile-verified"
 
 
-def test_every_clc_kernel_issues_try_cancel_and_no_static_kernel_does(tcgen05_build, small_build):
+def check_scheduler_census(bundle, record) -> bool:
     """clusterlaunchcontrol.try_cancel assembles to UGETNEXTWORKID(.BROADCAST): a clc kernel has
-    the one its scheduler warp issues; no static kernel of any template (sm90, dense and
-    block-scaled tcgen05) has any. The manifest carries the census."""
-    records = [(b, r) for b in (*tcgen05_build.bundles, small_build) for r in b.records]
-    clc = [r.kernel_id for _, r in records if r.ctx.entry.config.scheduler is Scheduler.CLC]
-    assert len(clc) == 2 and len(records) > len(clc)
-    for bundle, record in records:
-        expected = 1 if record.kernel_id in clc else 0
-        assert record.info.count("UGETNEXTWORKID") == expected, (record.kernel_id, dict(record.info.census))
-        forms = set(re.findall(r"\b(UGETNEXTWORKID(?:\.[A-Z]+)*)\b", disassemble(record.cubin)))
-        assert forms == ({"UGETNEXTWORKID.BROADCAST"} if expected else set()), record.kernel_id
-        manifest = json.loads((bundle.path / "manifest.json").read_text())
-        (kernel,) = [k for k in manifest["kernels"] if k["id"] == record.kernel_id]
-        assert kernel["resources"]["sass"]["UGETNEXTWORKID"] == expected
-        assert kernel["config"]["scheduler"] == record.ctx.entry.config.scheduler.value
+    exactly the one its scheduler warp issues, and no local memory; a static kernel has none. The
+    manifest carries the census and the scheduler. Returns whether the kernel is a clc one."""
+    clc = record.ctx.entry.config.scheduler is Scheduler.CLC
+    expected = int(clc)
+    assert record.info.count("UGETNEXTWORKID") == expected, (record.kernel_id, dict(record.info.census))
+    forms = set(re.findall(r"\b(UGETNEXTWORKID(?:\.[A-Z]+)*)\b", disassemble(record.cubin)))
+    assert forms == ({"UGETNEXTWORKID.BROADCAST"} if clc else set()), record.kernel_id
+    assert record.info.count("LDL") == record.info.count("STL") == record.info.local_bytes == 0, record.kernel_id
+    manifest = json.loads((bundle.path / "manifest.json").read_text())
+    (kernel,) = [k for k in manifest["kernels"] if k["id"] == record.kernel_id]
+    assert kernel["resources"]["sass"]["UGETNEXTWORKID"] == expected
+    assert kernel["config"]["scheduler"] == record.ctx.entry.config.scheduler.value
+    return clc
+
+
+def test_every_clc_kernel_issues_try_cancel_and_no_static_kernel_does(tcgen05_build, small_build, fp4_build,
+                                                                     sm103_blockscaled_build):
+    """Over the sm90 kernels and the dense and block-scaled tcgen05 ones (sm100, sm107 and sm103
+    pipelines); the grouped templates' modules check theirs."""
+    bundles = (*tcgen05_build.bundles, small_build, *fp4_build.bundles, *sm103_blockscaled_build.bundles)
+    records = [(b, r) for b in bundles for r in b.records]
+    clc = {r.kernel_id for b, r in records if check_scheduler_census(b, r)}
+    assert clc == {"gemm_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_2cta_clc",
+                   "gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_clc",
+                   "gemm_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c2x1_2cta_sfe8m0x32_clc",
+                   "gemm_sm100_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe4m3x16_clc",
+                   "gemm_sm103_e2m1_e2m1_f32_bf16_tn_128x128x768_c1x1_sfe4m3x16_clc"}
+    assert len(records) > len(clc)
 
 
 def test_rubin_fp8_kernels_issue_the_64_byte_k_mma(sm100_build):
