@@ -436,3 +436,28 @@ def test_the_sm103_48_byte_k_grouped_kernel_takes_any_k_of_whole_scale_atoms(tmp
         a, b, offs = _fp4_operands(False, k=832)
         choice = tilekiln.explain(a, b, offs=offs, scale_format="nvfp4", bundle=bundle)
     assert {c.kernel.id: c.accepted for c in choice.candidates} == {"k32": True, "k48": True}
+
+
+def test_a_masked_nvfp4_call_without_a_masked_nvfp4_kernel_names_each_refusal(tmp_path):
+    """The bundle has nvfp4 kernels (no arch message) but none of the masked layout: NoKernelError
+    with each kernel's reason, before anything is launched."""
+    import dataclasses
+
+    from tilekiln._tensors import describe
+    from tilekiln.errors import NoKernelError
+    from tilekiln.grouped import make_masked_problem, plan_grouped
+    from tilekiln.problem import requested_epilogue
+
+    bundle = _bundle_of(tmp_path, _fp4_record(0, "nvfp4", "grouped", "sm100", (128, 256, 256), "e4m3", 16),
+                        _fp4_record(1, "mxfp4_masked", "grouped_masked", "sm100", (128, 128, 256)))
+    a, b, _, _ = _call("nvfp4", True)
+    rows = torch.zeros(3, dtype=torch.int32)
+    # described as the CUDA tensors of a call (device 0)
+    a_op, b_op, rows_op = (dataclasses.replace(describe(t, name), device=0)
+                           for t, name in ((a, "a"), (b, "b"), (rows, "masked_m")))
+    problem = make_masked_problem(a_op, b_op, rows_op, None, True, requested_epilogue(**dict(bs.block_request("nvfp4"))))
+    with pytest.raises(NoKernelError, match=r"has no grouped_masked kernel for e2m1/e2m1->bf16 .*\n.*\n"
+                                            r"  reject mxfp4_masked: block_scale: kernel computes sfe8m0x32, the call "
+                                            r"asks for sfe4m3x16\n"
+                                            r"  reject nvfp4: family: kernel computes grouped, the call is grouped_masked"):
+        plan_grouped(bundle, problem)
