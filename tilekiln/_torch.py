@@ -188,6 +188,22 @@ def _allocate(shape: tuple[int, ...], k: int, dtype: torch.dtype, device) -> tor
     return torch.empty_strided(shape, result_strides(shape, k, dtype.itemsize), dtype=dtype, device=device)
 
 
+def _stage_for(out: Tensor, k: int, stream, keep: bool = False) -> Tensor | None:
+    """A buffer for the kernel to write in place of ``out`` (a copy of it where ``keep``: a grouped
+    call leaves rows no group owns as they were), or None where ``out`` can take the kernel's stores.
+
+    TMA stores write a row in whole 16-byte chunks (a hardware limit: measured on the H100, an out of
+    N = 100 bf16 columns in rows of 104 had columns 100 to 103 zeroed by every sm90 kernel), so where
+    N * itemsize is no multiple of 16 the chunk that holds a row's last column also covers columns
+    that are the caller's. Such a call runs into tilekiln's own padded result, then torch copies it
+    into ``out``."""
+    if not out.numel() or out.shape[-1] * out.element_size() % 16 == 0:
+        return None
+    with _on_stream(stream, out.get_device()):
+        stage = _allocate(tuple(out.shape), k, out.dtype, out.device)
+        return stage.copy_(out) if keep else stage
+
+
 # torch's definition of each Activation (tilekiln/spec.py): the fallback where no kernel fuses it,
 # the autograd path, and the reference the GPU tests compare the fused kernels with.
 ACTIVATIONS = {
@@ -474,14 +490,24 @@ def _scaled_request(a: Tensor, b: Tensor, scale_format: str, out_dtype, out: Ten
     return requested_epilogue(scaling=scale_format, bias=bias_type, activation=activation)
 
 
-def _check_block_kernels(bundle: Bundle, name: str) -> None:
+def _check_block_kernels(bundle: Bundle, name: str, result: torch.dtype | None = None) -> None:
     """A bundle without any kernel of the block-scaled format ``name``: the arch message, not a list
-    of every kernel's refusal."""
+    of every kernel's refusal. ``result`` (a dense call's result type): a bundle whose ``name``
+    kernels write other types names ``out_dtype`` and the types they write, where the list of
+    refusals would only say "dtype" per kernel; the result is never rounded to another type."""
     fmt = format_of(name)
-    if not any(k.config.block_scale == fmt.scale and k.config.dtypes.a == fmt.data for k in bundle.kernels):
+    kernels = [k for k in bundle.kernels if k.config.block_scale == fmt.scale and k.config.dtypes.a == fmt.data]
+    if not kernels:
         raise NoKernelError(f"scale_format={name!r}: bundle {bundle.name} ({bundle.arch}) has no {name} kernels; "
                             "the block-scaled tcgen05 MMA exists on compute capability 10.x, whose bundles "
                             "(sm_100a, sm_103a, sm_107a) hold them")
+    written = sorted({k.config.dtypes.c.value for k in kernels if k.config.family == "gemm"})
+    if result is not None and written and torch_dtype_token(result) not in written:
+        offered = " or ".join(f"torch.{DTYPES[t].torch}" for t in written)
+        raise NoKernelError(f"out_dtype: scale_format={name!r} with a {result} result: bundle {bundle.name} "
+                            f"({bundle.arch}) has no {name} kernel writing {torch_dtype_token(result)} (its {name} "
+                            f"kernels write {', '.join(written)}); pass out_dtype={offered}, or build a "
+                            f"kernel with that c (docs/catalog.md)")
 
 
 def linear(bundle, x: Tensor, weight: Tensor, bias: Tensor | None, activation, residual: Tensor | None,
@@ -779,6 +805,14 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
                               stream, bias, residual, values)
     if out is None:
         out = _allocate(plan.problem.out_shape, plan.problem.k, a.dtype, a.device)
+    elif plan.block is not None and plan.split == 1 and (stage := _stage_for(out, plan.problem.k, stream)) is not None:
+        if residual is not None and residual.stride() != stage.stride():
+            # A fused residual is read at the result's strides, now the stage's.
+            with _on_stream(stream, plan.problem.device):
+                residual = torch.empty_like(stage).copy_(residual)
+        run_gemm(bundle, a, b, stage, stream, kernel, requested, bias, residual, values)
+        with _on_stream(stream, plan.problem.device):
+            return out.copy_(stage)
     block = plan.block
     if block is None:
         if plan.problem.k == 0:
@@ -823,8 +857,9 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
     the cached plan's key, so a cached plan never serves a call its checks would refuse) and launched.
     ``requested`` (:func:`_scaled_request`): the scale format, then the bias, whose type the caller
     checked, as it checked ``scale_result`` against the result's type. An fp8 result runs unsplit:
-    split-K's fp32 partial sums would be added after the kernel's output scale."""
-    out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+    split-K's fp32 partial sums would be added after the kernel's output scale. ``out_dtype`` None:
+    out's type, else bf16 (:func:`_result_dtype`, as scaled_gemm_out_op passes it under torch.compile)."""
+    out_dtype = _result_dtype(out_dtype, out) if out_dtype is None else out_dtype
     fp8_result = (out_dtype if out is None else out.dtype) in SCALED_RESULTS
     blockwise, rowwise = _BLOCKWISE in requested, _ROWWISE in requested
     block_format = requested_format(requested, a.dtype)
@@ -834,7 +869,7 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
     plan = bundle._plans.get(key)
     if plan is None:
         if block_format is not None:
-            _check_block_kernels(bundle, block_format)
+            _check_block_kernels(bundle, block_format, out_dtype)
             check_block_operands(a, b, block_format)
         a_op, b_op = describe(a, "a"), describe(b, "b")
         # Blockwise scales are strided tensors, whose strides go in the plan block.
@@ -867,6 +902,11 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
                                                     fused, bias), out, stream, bias)
     if out is None:
         out = _allocate(plan.problem.out_shape, plan.problem.k, out_dtype, a.device)
+    elif plan.block is not None and plan.split == 1 and (stage := _stage_for(out, plan.problem.k, stream)) is not None:
+        run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, stage, stream, kernel, requested, bias,
+                        scale_result)
+        with _on_stream(stream, plan.problem.device):
+            return out.copy_(stage)
     if plan.block is None:
         if plan.problem.k == 0:
             out.zero_()
@@ -1253,6 +1293,9 @@ def run_grouped_gemm(bundle: Bundle, a: Tensor, b: Tensor, rows, scale_a, scale_
     if plan.unfused:
         with _on_stream(stream, problem.device):
             target = _allocate(plan.run.out_shape, problem.k, dtype, a.device).zero_()
+    else:
+        stage = _stage_for(out, problem.k, stream, keep=True)
+        target = out if stage is None else stage
     if scale_format is not None:
         check_scale_pointers(scale_a, scale_b)
     launch_grouped(bundle, plan, a.data_ptr(), b.data_ptr(), target.data_ptr(), rows.data_ptr(),
@@ -1260,6 +1303,9 @@ def run_grouped_gemm(bundle: Bundle, a: Tensor, b: Tensor, rows, scale_a, scale_
                    0 if scale_b is None else scale_b.data_ptr())
     if plan.unfused:
         return _apply_unfused(plan, target, out, stream)
+    if target is not out:
+        with _on_stream(stream, problem.device):
+            out.copy_(target)
     return out
 
 

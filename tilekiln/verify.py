@@ -211,8 +211,9 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
             k = -(-k // step) * step
             a8, sa = bs.quantize_operand(torch.randn(m, k, device="cuda", generator=gen), block_format)
             w8, sw = bs.quantize_operand(torch.randn(n, k, device="cuda", generator=gen), block_format)
-            out = _poisoned(torch, (m, out_n), torch.bfloat16)
-            scaled(a8, w8.t(), out, scales=(bs.to_blocked(sa), bs.to_blocked(sw)))
+            # In the kernel's own output type (bf16 or fp16), which the call asks for.
+            out = _poisoned(torch, (m, out_n), out_dtype)
+            scaled(a8, w8.t(), out, out_dtype=out_dtype, scales=(bs.to_blocked(sa), bs.to_blocked(sw)))
             yield f"{kernel.id} {m}x{n}x{k}", out, epilogue(bs.reference_mm(a8, sa, w8, sw, block_format))
             continue
         a = _matrix(torch, m, k, cfg.layout.a_k_major, batch, dtype, gen)
@@ -390,10 +391,20 @@ def verify(bundle, torch, seed: int | None = None, only: str | None = None) -> t
 
 
 def merge_record(existing: dict | None, bundle: str, record: dict) -> dict:
-    """The verification file of ``bundle`` with ``record`` replacing any earlier one of its SKU."""
-    records = [r for r in (existing or {}).get("records", []) if r.get("sku") != record["sku"]]
+    """The verification file of ``bundle`` with ``record`` added: an earlier record of its SKU keeps
+    only the kernels this run did not cover (a run of ``--only`` some kernels leaves the others'
+    evidence, with its own date and driver), and goes where it keeps none."""
+    ran = set(record["kernels"]) | set(record.get("failed", ()))
+    records = []
+    for r in (existing or {}).get("records", []):
+        if r.get("sku") == record["sku"]:
+            r = {**r, "kernels": {k: v for k, v in r.get("kernels", {}).items() if k not in ran},
+                 "failed": [k for k in r.get("failed", []) if k not in ran]}
+            if not r["kernels"] and not r["failed"]:
+                continue
+        records.append(r)
     return {"schema": RECORD_SCHEMA, "bundle": bundle,
-            "records": sorted([*records, record], key=lambda r: r["sku"])}
+            "records": sorted([*records, record], key=lambda r: (r["sku"], r.get("date", "")))}
 
 
 def _read_existing(path: Path, bundle: str) -> dict | None:

@@ -112,8 +112,17 @@ FP4_KERNELS = {
 
 # Block-scaled SwiGLU (templates/sm100_blockscaled.py.j2 with the gated epilogue of
 # common/persistent.j2), the catalog's: mxfp8 and nvfp4 on the 32-byte MMA, mxfp8 on the sm107
-# pipeline's 64-byte one, in bundles of their own.
+# pipeline's 64-byte one, each with one CTA and on a CTA pair, in bundles of their own.
 BLOCKSCALED_SWIGLU_KERNELS = {
+    "gemm_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c2x1_2cta_sfe8m0x32_swiglu": (
+        "sm_103a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
+                   "    tile: [128, 256, 128]\n    cluster: [2, 1]\n    cta_group: 2\n    activation: swiglu"),
+    "gemm_sm100_e2m1_e2m1_f32_bf16_tn_128x256x256_c2x1_2cta_sfe4m3x16_swiglu": (
+        "sm_100a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}\n    block_scale: {scale: e4m3, block: 16}\n"
+                   "    tile: [128, 256, 256]\n    cluster: [2, 1]\n    cta_group: 2\n    activation: swiglu"),
+    "gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c2x1_2cta_sfe8m0x32_swiglu": (
+        "sm_107a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
+                   "    tile: [128, 256, 128]\n    cluster: [2, 1]\n    cta_group: 2\n    activation: swiglu"),
     "gemm_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_sfe8m0x32_swiglu": (
         "sm_100a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
                    "    tile: [128, 256, 128]\n    cluster: [1, 1]\n    activation: swiglu"),
@@ -123,6 +132,21 @@ BLOCKSCALED_SWIGLU_KERNELS = {
     "gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_sfe8m0x32_swiglu": (
         "sm_107a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    block_scale: {scale: e8m0, block: 32}\n"
                    "    tile: [128, 256, 128]\n    cluster: [1, 1]\n    activation: swiglu"),
+}
+
+# Block-scaled kernels with fp16 output (scaled_gemm(..., out_dtype=torch.float16)), the catalog's:
+# mxfp8 with one CTA on the 32-byte MMA and on the sm107 pipeline's 64-byte one, nvfp4 on a CTA pair,
+# in bundles of their own.
+BLOCKSCALED_F16_KERNELS = {
+    "gemm_sm100_e4m3_e4m3_f32_f16_tn_128x256x128_c1x1_sfe8m0x32": (
+        "sm_100a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: f16}\n    block_scale: {scale: e8m0, block: 32}\n"
+                   "    tile: [128, 256, 128]\n    cluster: [1, 1]"),
+    "gemm_sm100_e2m1_e2m1_f32_f16_tn_128x256x256_c2x1_2cta_sfe4m3x16": (
+        "sm_107a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: f16}\n    block_scale: {scale: e4m3, block: 16}\n"
+                   "    tile: [128, 256, 256]\n    cluster: [2, 1]\n    cta_group: 2"),
+    "gemm_sm107_e4m3_e4m3_f32_f16_tn_128x256x128_c1x1_sfe8m0x32": (
+        "sm_107a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: f16}\n    block_scale: {scale: e8m0, block: 32}\n"
+                   "    tile: [128, 256, 128]\n    cluster: [1, 1]"),
 }
 
 # The tcgen05 dense template's fused epilogues (bias, row-wise fp8 scales), in bundles of their own:
@@ -168,8 +192,11 @@ SM107_BLOCKSCALED_KERNELS = {
 }
 
 # The sm103 pipeline's block-scaled fp4 kernels (the 48-byte-K MMA, CTA K fixed at 384 bytes):
-# catalog/gemm/sm103_blockscaled.yaml's nvfp4 and mxfp4 kernels.
+# catalog/gemm/sm103_blockscaled.yaml's nvfp4 (bf16 and fp16 output) and mxfp4 kernels.
 SM103_BLOCKSCALED_KERNELS = {
+    "gemm_sm103_e2m1_e2m1_f32_f16_tn_128x128x768_c1x1_sfe4m3x16": (
+        "sm_103a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: f16}\n    block_scale: {scale: e4m3, block: 16}\n"
+                   "    tile: [128, 128, 768]\n    cluster: [1, 1]"),
     "gemm_sm103_e2m1_e2m1_f32_bf16_tn_128x128x768_c1x1_sfe4m3x16": (
         "sm_103a", "dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}\n    block_scale: {scale: e4m3, block: 16}\n"
                    "    tile: [128, 128, 768]\n    cluster: [1, 1]"),
@@ -238,6 +265,13 @@ def blockscaled_swiglu_build(tmp_path_factory):
     """BLOCKSCALED_SWIGLU_KERNELS built into the sm100a, sm103a and sm107a bundles."""
     return _build_catalogs(tmp_path_factory, "blockscaled-swiglu",
                            {f"{p}.yaml": tcgen05_catalog(p, BLOCKSCALED_SWIGLU_KERNELS) for p in ("sm100", "sm107")})
+
+
+@pytest.fixture(scope="session")
+def blockscaled_f16_build(tmp_path_factory):
+    """BLOCKSCALED_F16_KERNELS built into the sm100a and sm107a bundles."""
+    return _build_catalogs(tmp_path_factory, "blockscaled-f16",
+                           {f"{p}.yaml": tcgen05_catalog(p, BLOCKSCALED_F16_KERNELS) for p in ("sm100", "sm107")})
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,10 @@ what verifies them. Per kernel, from the plan the validator derived:
   a 512-byte scale-factor atom) per atom of the stage's SFA and SFB;
 * TMA loads (A, B and both scale-factor tensors) and stores, no local memory, the shared
   memory the validator modelled (scale-factor rings included), registers within the facts,
-  and the manifest saying compile-verified.
+  and the manifest saying compile-verified;
+* the epilogue's rounding to C: ``F2FP.F16.F32.PACK_AB`` (two fp32 values to a pair of fp16)
+  in an fp16-output kernel and never the bf16 form, ``F2FP.BF16.F32.PACK_AB`` in a bf16 one;
+* a SwiGLU kernel, with one CTA or on a CTA pair: silu's exponential and half the TMA stores.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ import re
 import pytest
 
 from builder.compile.cubin import compiled_for, disassemble
-from tests.compile.conftest import BLOCKSCALED_SWIGLU_KERNELS, FP4_KERNELS, TCGEN05_KERNELS
+from tests.compile.conftest import (BLOCKSCALED_F16_KERNELS, BLOCKSCALED_SWIGLU_KERNELS, FP4_KERNELS,
+                                    TCGEN05_KERNELS)
 
 pytestmark = pytest.mark.compile
 
-KERNELS = {**{k: v for k, v in TCGEN05_KERNELS.items() if "_sf" in k}, **FP4_KERNELS, **BLOCKSCALED_SWIGLU_KERNELS}
+KERNELS = {**{k: v for k, v in TCGEN05_KERNELS.items() if "_sf" in k}, **FP4_KERNELS, **BLOCKSCALED_SWIGLU_KERNELS,
+           **BLOCKSCALED_F16_KERNELS}
 MMA_BY_BITS = {8: "UTCQMMA", 4: "UTCOMMA"}
 MMA_OPCODES = ("UTCHMMA", "UTCQMMA", "UTCOMMA", "UTCIMMA")
 ATOM_BYTES = 512  # one scale-factor atom: 128 rows x 4 blocks
@@ -39,11 +44,14 @@ ATOM_BYTES = 512  # one scale-factor atom: 128 rows x 4 blocks
 # .4X for sm_100a, .BLOCK16 for sm_103a and sm_107a (CUDA 13 toolchain, measured; as in
 # tests/compile/test_blockscaled_grouped_kernels.py).
 BLOCK16_FORM = {"sm_103a": ".BLOCK16", "sm_107a": ".BLOCK16"}
+# The epilogue's conversion of two fp32 accumulator values into a packed pair of C's type.
+PACK = {"bf16": "F2FP.BF16.F32.PACK_AB", "f16": "F2FP.F16.F32.PACK_AB"}
 
 
 @pytest.fixture(scope="module")
-def records(tcgen05_build, fp4_build, blockscaled_swiglu_build):
-    return {r.kernel_id: (b, r) for build in (tcgen05_build, fp4_build, blockscaled_swiglu_build)
+def records(tcgen05_build, fp4_build, blockscaled_swiglu_build, blockscaled_f16_build):
+    return {r.kernel_id: (b, r) for build in (tcgen05_build, fp4_build, blockscaled_swiglu_build,
+                                              blockscaled_f16_build)
             for b in build.bundles for r in b.records}
 
 
@@ -98,10 +106,23 @@ def test_tensor_memory_holds_the_accumulators_and_the_scale_factors(records):
     assert "ACC_COLUMNS = 256" in record.source and "SFA_COLUMNS = 16" in record.source
 
 
+@pytest.mark.parametrize("kernel_id", sorted(KERNELS))
+def test_the_epilogue_rounds_to_the_kernels_output_type(records, kernel_id):
+    """An fp16-output kernel packs its fp32 values into fp16 pairs and never into bf16 ones (the
+    result type scaled_gemm's out_dtype asks for), a bf16 one the other way round."""
+    _, record = records[kernel_id]
+    c = record.ctx.entry.config.dtypes.c.value
+    sass = disassemble(record.cubin)
+    assert sass.count(PACK[c]) > 0
+    assert all(form not in sass for out, form in PACK.items() if out != c)
+
+
 @pytest.mark.parametrize("kernel_id", sorted(BLOCKSCALED_SWIGLU_KERNELS))
 def test_a_swiglu_kernel_stores_half_the_columns_of_its_ungated_twin(records, kernel_id):
-    """silu's exponential is there, and the TMA stores cover the 128x128 C tile of a 128x256 MMA
-    tile: four 128x32 sub-tiles, where the ungated mxfp8 kernel of that tile stores eight."""
+    """silu's exponential is there, and the TMA stores cover a CTA's 128x128 C tile of its 128x256
+    accumulator (the whole MMA tile with one CTA, its half of the 256x256 MMA on a pair, whose
+    columns pair inside the CTA as with one): four 128x32 sub-tiles, where the ungated mxfp8
+    kernel of that tile stores eight."""
     _, record = records[kernel_id]
     _, ungated = records["gemm_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_sfe8m0x32"]
     plan = record.ctx.plan

@@ -229,6 +229,14 @@ def test_every_block_scaled_swiglu_kernel_launches_as_its_plan_says(blockscaled_
         _check_launches(Recorded(result, link_recording_library(result, scratch / "lib"), scratch), problems)
 
 
+def test_every_block_scaled_f16_kernel_launches_as_its_plan_says(blockscaled_f16_build, tmp_path_factory):
+    """Block-scaled kernels with fp16 output, planned for an fp16 result (out_dtype "f16") and their
+    block scale: FP4_PROBLEMS (2-D, K whole scale-factor atoms)."""
+    for result in blockscaled_f16_build.bundles:
+        scratch = tmp_path_factory.mktemp(f"recorded-blockscaled-f16-{result.bundle}")
+        _check_launches(Recorded(result, link_recording_library(result, scratch / "lib"), scratch), FP4_PROBLEMS)
+
+
 def test_every_sm107_block_scaled_kernel_launches_as_its_plan_says(sm107_blockscaled_build, tmp_path_factory):
     """The sm107 pipeline's 64-byte-K block-scaled kernels (mxfp8 and fp4 operands in elements)."""
     scratch = tmp_path_factory.mktemp("recorded-sm107-blockscaled")

@@ -20,7 +20,9 @@ SM103_BLOCKSCALED_KERNELS, built deviceless for sm_103a:
 * one ``UTCCP.T.S.4x32dp128bit`` per 512-byte scale-factor atom of the slice: the MMAs read 6
   (nvfp4) or 3 (mxfp4) blocks, across atoms, so the whole slice's factors go to tensor memory;
 * TMA loads and stores, no local memory (no LDL/STL), the modelled shared memory within the
-  opt-in limit, registers within the facts, and the manifest saying compile-verified.
+  opt-in limit, registers within the facts, and the manifest saying compile-verified;
+* the epilogue's pack into C's type: ``F2FP.F16.F32.PACK_AB`` and no bf16 pack in the fp16-output
+  kernel, ``F2FP.BF16.F32.PACK_AB`` and no fp16 one in the others.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ MMA_OPCODES = ("UTCHMMA", "UTCQMMA", "UTCOMMA", "UTCIMMA")
 ATOM_BYTES = 512
 # The instruction descriptor's K-width bit that the 48-byte-K MMA sets (measured, module doc).
 K96_BIT = 1 << 31
+# The epilogue's conversion of two fp32 accumulator values into a packed pair of C's type.
+PACK = {"bf16": "F2FP.BF16.F32.PACK_AB", "f16": "F2FP.F16.F32.PACK_AB"}
 # The sm100 pipeline's fp4 kernel that tests/compile/conftest.py's FP4_KERNELS builds for sm_103a.
 SM100_FP4_ON_SM103 = "gemm_sm100_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe8m0x32"
 
@@ -72,6 +76,8 @@ def test_kernel_issues_eight_48_byte_k_mmas_per_slice(records, kernel_id):
     form = "UTCOMMA.BLOCK16" if cfg.block_scale.block == 16 else "UTCOMMA"
     assert {re.search(r"\b(UTC[A-Z]MMA(?:\.[A-Z0-9_]+)*)", line).group(1) for line in lines} == {form}
     assert all(line.count("tmem[") == 3 for line in lines), lines
+    assert PACK[cfg.dtypes.c.value] in sass and all(form not in sass for c, form in PACK.items()
+                                                     if c != cfg.dtypes.c.value)
     one = plan.smem.scale_bytes // plan.stages
     assert len(re.findall(r"\bUTCCP\.T\.S\.4x32dp128bit\b", sass)) == one // ATOM_BYTES
     assert record.info.count("UTMALDG") >= 4 and record.info.count("UTMASTG") > 0

@@ -1,7 +1,9 @@
 """Block-scaled (mxfp8, nvfp4, mxfp4, fp4-e5m3-b32) GEMM on the GPU: every block-scaled kernel against the
 float64 product of its dequantized inputs (fp4 operands packed two per byte, as scaled_gemm takes
-them), every block-scaled SwiGLU kernel against float64 silu(gate) * up of that product, the errors
-of wrong scales, and the refusal on a bundle without such kernels.
+them) in its own output type (bf16 or fp16), every block-scaled SwiGLU kernel (one CTA or a CTA
+pair) against float64 silu(gate) * up of that product, an unpinned fp16 call and the refusal of an
+output type no kernel writes, the errors of wrong scales, and the refusal on a bundle without such
+kernels.
 
     python -m pytest -q tests/gpu/test_blockscaled.py   (TILEKILN_TEST_BUNDLE: the bundle under test)
 
@@ -26,29 +28,43 @@ FORMATS = ("mxfp8", "nvfp4", "mxfp4", "fp4-e5m3-b32")
 
 
 def _mx_kernels(bundle, name="mxfp8", gated=False):
-    """The bundle's kernels of format ``name``: the SwiGLU ones where ``gated``, else the others."""
+    """The bundle's dense (gemm family) kernels of format ``name``: the SwiGLU ones where ``gated``,
+    else the others; scaled_gemm runs no grouped kernel."""
     from tilekiln.spec import BLOCK_SCALE_FORMATS
 
     fmt = BLOCK_SCALE_FORMATS[name]
     return [k for k in bundle.kernels if k.config.block_scale == fmt.scale and k.config.dtypes.a == fmt.data
-            and k.config.activation.gated == gated]
+            and k.config.activation.gated == gated and k.config.family == "gemm"]
 
 
-def _operands(torch, m, n, k, gen, name="mxfp8"):
+def _operands(torch, m, n, k, gen, name="mxfp8", spread=8):
     """a (M, K) and w (N, K) in format ``name`` (fp4 packed: (M, K/2), (N, K/2)), of normals whose
-    scale blocks differ in magnitude by up to 2^16, so a kernel that read another block's scale
-    would be far off; their row-major scales."""
+    scale blocks differ in magnitude by up to 2^(2 spread) (2^16 by default), so a kernel that read
+    another block's scale would be far off; their row-major scales. An fp16 result takes
+    ``spread`` 2: products of up to 2^4 keep the largest sums of 7168 far below fp16's 65504."""
     from tilekiln import blockscaled as bs
 
     block = bs.format_of(name).scale.block
 
     def data(rows):
-        spread = 2.0 ** torch.randint(-8, 9, (rows, k // block), device="cuda", generator=gen)
-        return torch.randn(rows, k, device="cuda", generator=gen) * spread.repeat_interleave(block, 1)
+        spread_ = 2.0 ** torch.randint(-spread, spread + 1, (rows, k // block), device="cuda", generator=gen)
+        return torch.randn(rows, k, device="cuda", generator=gen) * spread_.repeat_interleave(block, 1)
 
     a, sa = bs.quantize_operand(data(m), name)
     w, sw = bs.quantize_operand(data(n), name)
     return a, sa, w, sw
+
+
+def _result_type(torch, kernel):
+    """The torch dtype of ``kernel``'s C (bf16 or fp16), which a pinned call passes as out_dtype."""
+    from tilekiln.spec import DTYPES
+
+    return getattr(torch, DTYPES[kernel.config.dtypes.c.value].torch)
+
+
+def _spread(torch, dtype) -> int:
+    """_operands' spread for a result of ``dtype``: narrower for fp16, whose largest finite value is 65504."""
+    return 2 if dtype == torch.float16 else 8
 
 
 @pytest.mark.parametrize("name", FORMATS)
@@ -60,15 +76,16 @@ def test_every_block_scaled_kernel_matches_the_dequantized_float64_product(torch
         pytest.skip(f"needs a bundle with {name} kernels on a compute capability 10.x device")
     failures = []
     for kernel in kernels:
+        dtype = _result_type(torch, kernel)
         for i, (m, n, k) in enumerate(SHAPES):
             gen = torch.Generator(device="cuda").manual_seed(3700 + 10 * kernel.index + i)
-            a, sa, w, sw = _operands(torch, m, n, k, gen, name)
+            a, sa, w, sw = _operands(torch, m, n, k, gen, name, _spread(torch, dtype))
             ref = bs.reference_mm(a, sa, w, sw, name)
             runs = []
             for _ in range(2):
-                out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-                bundle.scaled_gemm(a, w.t(), bs.to_blocked(sa), bs.to_blocked(sw), out=out, kernel=kernel.id,
-                                   scale_format=name)
+                out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+                bundle.scaled_gemm(a, w.t(), bs.to_blocked(sa), bs.to_blocked(sw), out=out, out_dtype=dtype,
+                                   kernel=kernel.id, scale_format=name)
                 runs.append(out)
             torch.cuda.synchronize()
             per_row = (runs[0].double() - ref).norm(dim=1) / ref.norm(dim=1)
@@ -105,23 +122,60 @@ def test_every_block_scaled_swiglu_kernel_matches_float64_silu_gate_times_up(tor
     if not kernels or torch.cuda.get_device_capability()[0] != 10:
         pytest.skip(f"needs a bundle with {name} SwiGLU kernels on a compute capability 10.x device")
     failures = []
-    runs = [(kernel.id, shape) for kernel in kernels for shape in SWIGLU_SHAPES] + [(None, (300, 320, 256))]
-    for i, (kernel_id, (m, n, k)) in enumerate(runs):
+    runs = ([(kernel.id, _result_type(torch, kernel), shape) for kernel in kernels for shape in SWIGLU_SHAPES]
+            + [(None, torch.bfloat16, (300, 320, 256))])
+    for i, (kernel_id, dtype, (m, n, k)) in enumerate(runs):
         gen = torch.Generator(device="cuda").manual_seed(3950 + i)
-        a, sa, w, sw = _operands(torch, m, n, k, gen, name)
+        a, sa, w, sw = _operands(torch, m, n, k, gen, name, _spread(torch, dtype))
         ref = _swiglu_reference(torch, bs.reference_mm(a, sa, w, sw, name))
         args = (a, w.t(), bs.to_blocked(sa), bs.to_blocked(sw))
         if kernel_id is None:
             out = tilekiln.scaled_gemm(*args, scale_format=name, activation="swiglu", bundle=bundle)
         else:
-            out = torch.full((m, n // 2), float("nan"), device="cuda", dtype=torch.bfloat16)
-            bundle.scaled_gemm(*args, out=out, kernel=kernel_id, scale_format=name, activation="swiglu")
+            out = torch.full((m, n // 2), float("nan"), device="cuda", dtype=dtype)
+            bundle.scaled_gemm(*args, out=out, out_dtype=dtype, kernel=kernel_id, scale_format=name,
+                               activation="swiglu")
         torch.cuda.synchronize()
-        assert out.shape == (m, n // 2) and out.dtype == torch.bfloat16
+        assert out.shape == (m, n // 2) and out.dtype == dtype
         per_row = (out.double() - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)
         err = per_row.max().item() if not torch.isnan(out).any() else float("nan")
         if not err < 1e-2:
             failures.append(f"{kernel_id or 'unpinned'} {(m, n, k)}: relative error of the worst row {err:.3g}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_an_fp16_call_runs_an_fp16_kernel_or_is_refused_naming_out_dtype(torch, bundle, name):
+    """``out_dtype=torch.float16``, unpinned (tilekiln.scaled_gemm on the bundle), plain and with
+    swiglu: where a kernel of the format writes fp16, an fp16 result against the float64 product
+    (swiglu: fused where an fp16 SwiGLU kernel pairs the columns, else the fp16 GEMM and torch);
+    where none does, NoKernelError naming out_dtype, never a bf16 result."""
+    import tilekiln
+    from tilekiln import blockscaled as bs
+    from tilekiln.errors import NoKernelError
+
+    kernels = _mx_kernels(bundle, name)
+    if not kernels or torch.cuda.get_device_capability()[0] != 10:
+        pytest.skip(f"needs a bundle with {name} kernels on a compute capability 10.x device")
+    gen = torch.Generator(device="cuda").manual_seed(3990)
+    m, n, k = 1000, 1024, 1024
+    a, sa, w, sw = _operands(torch, m, n, k, gen, name, _spread(torch, torch.float16))
+    args = (a, w.t(), bs.to_blocked(sa), bs.to_blocked(sw))
+    if not any(kernel.config.dtypes.c.value == "f16" for kernel in kernels):
+        with pytest.raises(NoKernelError, match=rf"out_dtype: scale_format='{name}' with a torch\.float16 result"):
+            tilekiln.scaled_gemm(*args, scale_format=name, out_dtype=torch.float16, bundle=bundle)
+        return
+    product = bs.reference_mm(a, sa, w, sw, name)
+    failures = []
+    for activation, ref in ((None, product), ("swiglu", _swiglu_reference(torch, product))):
+        out = tilekiln.scaled_gemm(*args, scale_format=name, out_dtype=torch.float16, activation=activation,
+                                   bundle=bundle)
+        torch.cuda.synchronize()
+        assert out.dtype == torch.float16 and out.shape == ref.shape
+        per_row = (out.double() - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)
+        err = per_row.max().item() if torch.isfinite(out).all() else float("nan")
+        if not err < 1e-2:
+            failures.append(f"{activation or 'plain'}: relative error of the worst row {err:.3g}")
     assert not failures, "\n".join(failures)
 
 

@@ -174,8 +174,9 @@ def test_offsets_that_break_the_contract_are_clamped(bundle, torch):
 
 def test_a_padded_out_keeps_its_row_padding(bundle, torch):
     """N = 100 into a (total_M, 104) buffer's first 100 columns: every kernel writes each group's
-    rows, partial tiles included (their stores go out in 16-byte vectors, which at column 96 would
-    reach column 103), and never the 4 padding columns, which belong to the caller."""
+    rows and never the 4 padding columns, which belong to the caller (a full tile's TMA stores
+    write whole 16-byte chunks, and a partial tile's 16-byte vector at column 96 would reach
+    column 103: the runtime stages such an out, and the partial tiles' stores stop at N)."""
     gen = torch.Generator(device="cuda").manual_seed(46)
     groups, n, k, sizes = 5, 100, 128, [1, 0, 77, 300, 129]
     m = sum(sizes)

@@ -521,3 +521,138 @@ def test_a_traced_scaled_swiglu_call_allocates_half_the_columns():
     out = _scaled_gemm_fake(a, b, sa, sb, None, "", "", "mxfp8", None, None, "swiglu")
     assert (tuple(out.shape), out.dtype) == ((130, 128), torch.bfloat16)
     assert tuple(_scaled_gemm_fake(a, b, sa, sb, None, "", "", "mxfp8").shape) == (130, 256)
+
+
+# -- fp16 output (scaled_gemm(..., out_dtype=torch.float16)) ---------------------------------------
+
+
+def _blackwell_bundle(tmp_path, *records):
+    """A bundle named sm100a (CC 10.0) holding ``records``, on a stand-in B200."""
+    import dataclasses
+
+    from tests.records import manifest
+    from tilekiln.bundle import Bundle, DeviceInfo
+
+    m = manifest(records)
+    info = dataclasses.replace(m.bundle, name="sm100a", arch="sm_100a", compute_capability=(10, 0))
+    return Bundle(tmp_path, dataclasses.replace(m, bundle=info),
+                  device_query=lambda ordinal: DeviceInfo(ordinal, (10, 0), 148))
+
+
+def _typed(name, c):
+    """The block scale and (A, B, acc, C) types of a ``name`` kernel writing ``c``."""
+    from tilekiln.spec import DType, DTypes
+
+    fmt = bs.format_of(name)
+    data = fmt.data.value
+    return {"block_scale": fmt.scale, "dtypes": DTypes(DType(data), DType(data), DType("f32"), DType(c))}
+
+
+@pytest.mark.parametrize("name", ["mxfp8", "nvfp4"])
+def test_an_fp16_block_scaled_call_runs_only_on_an_fp16_kernel(name):
+    import dataclasses
+
+    from tilekiln._tensors import describe
+    from tilekiln._torch import _scaled_request
+    from tilekiln.problem import make_problem
+    from tilekiln.select import check_kernel, choose
+
+    a, b, _, _, _ = _fp4_operands(name, m=256, n=384, k=512) if name != "mxfp8" else (*_operands(256, 384, 512), None)
+    request = _scaled_request(a, b, name, torch.float16, None, None)
+    assert request == bs.block_request(name)
+    a_op, b_op = (dataclasses.replace(describe(t, label), device=0) for t, label in ((a, "a"), (b, "b")))
+    asked = make_problem(a_op, b_op, None, "f16", request)
+    half, brain = _record(0, "f16", **_typed(name, "f16")), _record(1, "bf16", **_typed(name, "bf16"))
+    data = bs.format_of(name).data.value
+    assert check_kernel(half, asked) is None
+    assert check_kernel(brain, asked) == f"dtype: kernel computes {data}/{data}->bf16, the call needs {data}/{data}->f16"
+    assert choose((brain, half), asked, 148, {}).kernel.id == "f16"
+    # and a bf16 call never runs on the fp16 kernel
+    bf16_call = make_problem(a_op, b_op, None, "bf16", request)
+    assert choose((brain, half), bf16_call, 148, {}).kernel.id == "bf16"
+    assert check_kernel(half, bf16_call).endswith("->bf16")
+
+
+def test_an_fp16_result_no_kernel_writes_is_refused_naming_out_dtype(tmp_path):
+    from tilekiln._torch import _check_block_kernels, scaled_gemm
+    from tilekiln.errors import NoKernelError
+
+    bundle = _blackwell_bundle(tmp_path, _record(0, "mx", **_typed("mxfp8", "bf16")),
+                               _record(1, "nv", **_typed("nvfp4", "f16")))
+    message = (r"out_dtype: scale_format='mxfp8' with a torch\.float16 result: bundle sm100a \(sm_100a\) has no mxfp8 "
+               r"kernel writing f16 \(its mxfp8 kernels write bf16\); pass out_dtype=torch\.bfloat16")
+    with pytest.raises(NoKernelError, match=message):
+        _check_block_kernels(bundle, "mxfp8", torch.float16)
+    # through scaled_gemm, before any operand is placed on a device: never a bf16 result
+    a, b, sa, sb = _operands(256, 384, 512)
+    with pytest.raises(NoKernelError, match=message):
+        scaled_gemm(bundle, a, b, sa, sb, torch.float16, None, None, scale_format="mxfp8")
+    # an out= tensor's type is the result's, without out_dtype too
+    half = torch.empty(256, 384, dtype=torch.float16)
+    for out_dtype in (torch.float16, None):
+        with pytest.raises(NoKernelError, match=message):
+            scaled_gemm(bundle, a, b, sa, sb, out_dtype, half, None, scale_format="mxfp8")
+    with pytest.raises(NoKernelError, match=r"out_dtype: scale_format='mxfp8' with a torch\.float32 result"):
+        _check_block_kernels(bundle, "mxfp8", torch.float32)
+    # the types the format's kernels write pass; the nvfp4 kernel writes f16 only
+    _check_block_kernels(bundle, "mxfp8", torch.bfloat16)
+    _check_block_kernels(bundle, "nvfp4", torch.float16)
+    with pytest.raises(NoKernelError, match=r"pass out_dtype=torch\.float16, or build a kernel"):
+        _check_block_kernels(bundle, "nvfp4", torch.bfloat16)
+
+
+def test_an_fp16_swiglu_call_without_an_fp16_gated_kernel_pairs_an_fp16_result_in_torch():
+    """A bf16 gated kernel never serves an fp16 call: the fp16 GEMM runs and torch pairs its columns."""
+    import dataclasses
+
+    from tilekiln.select import choose, choose_fused
+    from tilekiln.spec import Activation
+
+    asked = _swiglu_problem("mxfp8", 384)
+    asked = dataclasses.replace(asked, out_dtype="f16")
+    gated_bf16 = _record(0, "gated_bf16", activation=Activation.SWIGLU, **_typed("mxfp8", "bf16"))
+    plain_f16 = _record(1, "plain_f16", **_typed("mxfp8", "f16"))
+    kernels = (gated_bf16, plain_f16)
+    choice, unfused = choose_fused(lambda p: choose(kernels, p, 148, {}), asked)
+    assert (choice.kernel.id, unfused) == ("plain_f16", (("activation", "swiglu"),))
+    gated_f16 = _record(2, "gated_f16", activation=Activation.SWIGLU, **_typed("mxfp8", "f16"))
+    choice, unfused = choose_fused(lambda p: choose(kernels + (gated_f16,), p, 148, {}), asked)
+    assert (choice.kernel.id, unfused) == ("gated_f16", ())
+
+
+def test_a_pair_swiglu_kernel_takes_the_block_scaled_swiglu_call():
+    """The CTA-pair SwiGLU kernel (cluster 2x1, cta_group 2) accepts what its 1-CTA twin accepts: its
+    tile pairs the same gate and up blocks."""
+    from tilekiln.select import check_kernel
+    from tilekiln.spec import Activation, Cluster
+
+    asked = _swiglu_problem("nvfp4", 384)
+    pair = _record(0, "pair", activation=Activation.SWIGLU, cluster=Cluster(2, 1), cta_group=2,
+                   **_typed("nvfp4", "bf16"))
+    assert check_kernel(pair, asked) is None
+    assert check_kernel(pair, _swiglu_problem("nvfp4", 320)).startswith("swiglu: I = N/2 = 160")
+
+
+def test_an_out_tensor_decides_the_result_type_without_out_dtype(tmp_path, monkeypatch):
+    """scaled_gemm(..., out=fp16 tensor) plans an fp16 result (as out_dtype=torch.float16 does, and as
+    the torch.compile operator passes out's type), not the bf16 default."""
+    from tilekiln._torch import scaled_gemm
+
+    bundle = _blackwell_bundle(tmp_path, _record(0, "mx16", **_typed("mxfp8", "f16")),
+                               _record(1, "mx", **_typed("mxfp8", "bf16")))
+    asked = []
+
+    class Planned(Exception):
+        pass
+
+    def plan(a, b, out, kernel=None, out_dtype=None, **_):
+        asked.append((out.dtype, out_dtype))
+        raise Planned
+
+    monkeypatch.setattr(bundle, "plan", plan)
+    a, b, sa, sb = _operands(256, 384, 512)
+    for out_dtype, result in ((None, torch.float16), (torch.float16, torch.float16), (None, torch.bfloat16)):
+        with pytest.raises(Planned):
+            scaled_gemm(bundle, a, b, sa, sb, out_dtype, torch.empty(256, 384, dtype=result), None,
+                        scale_format="mxfp8")
+    assert asked == [("f16", "f16"), ("f16", "f16"), ("bf16", "bf16")]

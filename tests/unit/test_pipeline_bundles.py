@@ -122,3 +122,20 @@ def test_the_arch_specific_blackwell_bundles_hold_block_scaled_grouped_kernels()
             ("grouped", "e4m3"), ("grouped", "e8m0"), ("grouped_masked", "e8m0")}
         assert all((c.plan.mma_k_bytes, c.plan.cta_k_bytes, c.plan.k_blocks) == (48, 384, 8) for c in k48)
     assert not [c for c in targets["sm_100f"] if c.entry.config.block_scale]
+
+
+def test_the_arch_specific_blackwell_bundles_hold_fp16_and_pair_swiglu_block_scaled_kernels():
+    """sm100a, sm103a and sm107a each hold an fp16-output kernel (scaled_gemm's out_dtype=torch.float16)
+    and a CTA-pair SwiGLU kernel of mxfp8 and of nvfp4, dense; sm100f none (no block-scaled kernel)."""
+    targets = by_target()
+    mxfp8, nvfp4 = ("e4m3", "e8m0", 32), ("e2m1", "e4m3", 16)
+    for target in ("sm_100a", "sm_103a", "sm_107a"):
+        dense = [c.entry.config for c in targets[target]
+                 if c.entry.config.block_scale is not None and c.entry.config.family == "gemm"]
+
+        def formats(kernels):
+            return {(k.dtypes.a.value, k.block_scale.scale.value, k.block_scale.block) for k in kernels}
+
+        assert formats(k for k in dense if k.dtypes.c.value == "f16") == {mxfp8, nvfp4}, target
+        assert formats(k for k in dense if k.activation.gated and k.cta_group == 2) == {mxfp8, nvfp4}, target
+    assert not [c for c in targets["sm_100f"] if c.entry.config.block_scale is not None]

@@ -574,17 +574,23 @@ def test_timing_tools_get_torch_when_a_gpu_is_there(monkeypatch):
     assert timing.require_cuda_torch("tilekiln tune") is fake
 
 
-def test_a_verification_run_replaces_only_its_own_card_models_record():
+def test_a_verification_run_replaces_only_its_own_card_models_evidence():
     from tilekiln.verify import merge_record, sku
 
     assert sku("NVIDIA H100 80GB HBM3") == "H100 80GB HBM3" and sku("NVIDIA H200") == "H200"
-    h100 = {"sku": "H100 80GB HBM3", "date": "2026-12-01", "kernels": {}}
-    h200 = {"sku": "H200", "date": "2026-12-02", "kernels": {}}
+    entry = {"cubin_sha256": "0" * 64, "max_rel_error": 0.001, "runs": 2}
+    h100 = {"sku": "H100 80GB HBM3", "date": "2026-12-01", "kernels": {"k1": entry, "k2": entry}, "failed": []}
+    h200 = {"sku": "H200", "date": "2026-12-02", "kernels": {"k1": entry}, "failed": []}
     merged = merge_record(merge_record(None, "sm90a", h200), "sm90a", h100)
     assert [r["sku"] for r in merged["records"]] == ["H100 80GB HBM3", "H200"]
-    again = merge_record(merged, "sm90a", {**h100, "date": "2026-12-06"})
-    assert [(r["sku"], r["date"]) for r in again["records"]] == [("H100 80GB HBM3", "2026-12-06"),
-                                                                 ("H200", "2026-12-02")]
+    # A later H100 run of k1 only: the earlier H100 record keeps k2, the H200 record all it had.
+    again = merge_record(merged, "sm90a", {**h100, "date": "2026-12-06", "kernels": {"k1": entry}})
+    assert [(r["sku"], r["date"], sorted(r["kernels"])) for r in again["records"]] == [
+        ("H100 80GB HBM3", "2026-12-01", ["k2"]), ("H100 80GB HBM3", "2026-12-06", ["k1"]),
+        ("H200", "2026-12-02", ["k1"])]
+    # A run covering both (one failing) leaves the earlier H100 record nothing: it goes.
+    last = merge_record(again, "sm90a", {**h100, "date": "2026-12-07", "kernels": {"k1": entry}, "failed": ["k2"]})
+    assert [(r["sku"], r["date"]) for r in last["records"]] == [("H100 80GB HBM3", "2026-12-07"), ("H200", "2026-12-02")]
 
 
 def test_explain_says_whether_the_chosen_kernel_ran_on_hardware():
