@@ -18,13 +18,16 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-# mxfp4 grouped kernels are in sm100a's and sm103a's default catalog (contiguous only), fp4-e5m3-b32 only in
-# sm107a's: their cases skip elsewhere.
+# Every bundle of CC 10.x has mxfp8, nvfp4 and mxfp4 grouped kernels (sm100a: the 32-byte-K MMA; sm107a
+# mxfp8 and mxfp4 on the 64-byte K; sm103a also nvfp4 and mxfp4 on the 48-byte K, whose K-slices are 768
+# e2m1 elements); fp4-e5m3-b32 only sm107a: its cases skip elsewhere.
 FORMATS = ("mxfp8", "nvfp4", "mxfp4", "fp4-e5m3-b32")
 # (N, K, rows per group): empty groups, one-row groups, groups smaller than, equal to and just past a
-# 128-row tile (so SFA bands are padded), N no tile multiple, K a few scale-factor atoms.
+# 128-row tile (so SFA bands are padded), N no tile multiple, K a few scale-factor atoms, and K = 1664
+# (two whole 768-element slices of the sm103 kernels and a 128-element tail TMA zero-fills).
 ROUTINGS = (
     (256, 128, [100, 0, 1, 300]),
+    (256, 1664, [3, 130]),
     (264, 512, [128] * 4),
     (1032, 256, [0, 5, 127, 128, 129, 257, 1, 0]),
     (512, 1024, [1000]),

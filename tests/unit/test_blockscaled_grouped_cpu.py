@@ -104,7 +104,22 @@ def test_nvfp4_masked_reference_against_known_values():
     assert torch.equal(out, expected)
 
 
-@pytest.mark.parametrize("name", ["mxfp8", "nvfp4"])
+def test_mxfp4_masked_reference_against_known_values():
+    # K = 64, two e8m0 blocks of 32 per row: a = 3 (code 5) with scales 2**1, 2**-1 times w = 0.5
+    # (code 1) with scale 2**2: 32 * 3 * 2 * 0.5 * 4 + 32 * 3 * 0.5 * 0.5 * 4 = 384 + 96 = 480;
+    # group 1's second row is past its count and stays zero.
+    k = 64
+    a = torch.full((2, 2, k), 5, dtype=torch.uint8)
+    scale_a = bs.e8m0(torch.tensor([[1, -1]] * 4).reshape(2, 2, 2))
+    w = torch.full((2, 3, k), 1, dtype=torch.uint8)
+    scale_w = bs.e8m0(torch.full((2, 3, 2), 2))
+    out = bs.reference_grouped_mm(a, scale_a, w, scale_w, [2, 1], "mxfp4", masked=True)
+    expected = torch.full((2, 2, 3), 480.0, dtype=torch.float64)
+    expected[1, 1] = 0.0
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("name", ["mxfp8", "nvfp4", "mxfp4"])
 def test_the_grouped_reference_is_each_groups_product_and_near_float64(name):
     torch.manual_seed(0)
     k, n, ends = 128, 48, [5, 5, 70]
@@ -118,7 +133,7 @@ def test_the_grouped_reference_is_each_groups_product_and_near_float64(name):
         exact = x[start:end].double() @ w[g].double().t()
         if end > start:
             # fp8 keeps 3 mantissa bits, e2m1 one: a relative error of a few percent of the row norm
-            tolerance = (0.08 if name == "mxfp8" else 0.35) * exact.abs().max()
+            tolerance = (0.08 if name == "mxfp8" else 0.35 if name == "nvfp4" else 0.5) * exact.abs().max()
             assert (out[start:end] - exact).abs().max() <= tolerance
 
 
@@ -144,7 +159,7 @@ def _call(name, masked, total=200, n=256, k=128, groups=3):
 
 
 @pytest.mark.parametrize("masked", [False, True])
-@pytest.mark.parametrize("name", ["mxfp8", "nvfp4"])
+@pytest.mark.parametrize("name", ["mxfp8", "nvfp4", "mxfp4"])
 def test_well_formed_grouped_calls_pass(name, masked):
     a, b, sa, sw = _call(name, masked)
     bs.check_grouped_block_operands(a, b, name, masked)
@@ -170,6 +185,25 @@ BAD_SCALES = [
 ]
 
 
+MXFP4_BAD_SCALES = [
+    # nvfp4's scales (e4m3, one per 16) for an mxfp4 call: the weights' (checked first) dtype and shape
+    (True, lambda: _call("nvfp4", True)[2:], ValueError,
+     r"scale_b: dtype torch.float8_e4m3fn, not torch.float8_e8m0fnu; shape \[3, 2, 2, 32, 4, 4\], not "
+     r"\[3, 2, 1, 32, 4, 4\]"),
+    # e8m0 scales one per 16 elements (twice mxfp4's): the blocked shape has twice the atoms along K
+    (False, lambda: (_call("mxfp4", False)[2], bs.to_blocked(torch.zeros(3, 256, 8, dtype=torch.uint8).view(
+        torch.float8_e8m0fnu))), ValueError, r"scale_b: shape \[3, 2, 2, 32, 4, 4\], not \[3, 2, 1, 32, 4, 4\]"),
+]
+
+
+@pytest.mark.parametrize("masked, scales, error, match", MXFP4_BAD_SCALES)
+def test_malformed_mxfp4_grouped_scales_are_refused_naming_the_argument(masked, scales, error, match):
+    a, b, _, _ = _call("mxfp4", masked)
+    sa, sw = scales()
+    with pytest.raises(error, match=match):
+        bs.check_grouped_block_scales(a, b, sa, sw, "mxfp4", masked)
+
+
 @pytest.mark.parametrize("masked, change, error, match", BAD_SCALES)
 def test_malformed_grouped_scales_are_refused_naming_the_argument(masked, change, error, match):
     a, b, sa, sw = _call("mxfp8", masked)
@@ -182,6 +216,9 @@ BAD_OPERANDS = [
     ("mxfp8", lambda a, b: (a.view(torch.uint8), b), TypeError, r"a: mxfp8 takes torch.float8_e4m3fn elements"),
     ("mxfp8", lambda a, b: (a[:, :96], b[:, :96]), ValueError, r"a: K = 96 is not a multiple of 128"),
     ("nvfp4", lambda a, b: (a[:, :16], b[:, :16]), ValueError, r"a: K = 32 is not a multiple of 64"),
+    # mxfp4: four e8m0 blocks of 32 per scale-factor atom column, so K = 64 (nvfp4's step) is refused
+    ("mxfp4", lambda a, b: (a[:, :32], b[:, :32]), ValueError, r"a: K = 64 is not a multiple of 128"),
+    ("mxfp4", lambda a, b: (a.view(torch.uint8), b), TypeError, r"a: mxfp4 takes torch.float4_e2m1fn_x2 elements"),
     ("mxfp8", lambda a, b: (a, b.contiguous()), ValueError,
      r"b: mxfp8 grouped calls take b K-major, a \(G, N, K\) weight's .transpose\(1, 2\)"),
     ("mxfp8", lambda a, b: (a, b[0]), ValueError, r"b: a mxfp8 grouped call takes b \(G, K, N\)"),
@@ -316,3 +353,111 @@ def test_a_block_scaled_grouped_call_traces_as_one_node_with_its_scale_format(tm
                                                          scale_format="mxfp8", bundle=bundle))
     assert ops == ["tilekiln.grouped_gemm.default"]
     assert got.shape == (300, 256) and got.dtype == torch.bfloat16
+
+
+def _fp4_record(index, kernel_id, family, pipeline, tile, scale="e8m0", block=32):
+    """An e2m1 block-scaled grouped kernel's record: mxfp4 (e8m0 per 32) unless told."""
+    import dataclasses
+
+    from tests.records import kernel_record
+    from tilekiln.spec import BlockScale, DType
+
+    record = kernel_record(index, kernel_id, tile, dtypes=("e2m1", "e2m1", "f32", "bf16"), div=32)
+    return dataclasses.replace(record, config=dataclasses.replace(
+        record.config, pipeline=pipeline, family=family, block_scale=BlockScale(DType(scale), block)))
+
+
+def _fp4_operands(masked, total=300, n=384, k=512, groups=4):
+    """Fake CUDA tensors of an e2m1 grouped call: a, b (a (G, N, K) weight's transpose) and the row
+    vector (packed e2m1: K / 2 bytes per row)."""
+    a_shape = (groups, total, k // 2) if masked else (total, k // 2)
+    a = torch.empty(a_shape, dtype=torch.float4_e2m1fn_x2, device="cuda")
+    w = torch.empty(groups, n, k // 2, dtype=torch.float4_e2m1fn_x2, device="cuda")
+    return a, w.transpose(1, 2), torch.empty(groups, dtype=torch.int32, device="cuda")
+
+
+def test_an_mxfp4_grouped_call_runs_on_the_mxfp4_kernel_of_its_layout(tmp_path):
+    """grouped_gemm and grouped_gemm_masked with scale_format="mxfp4" (explain names what they run): the
+    mxfp4 kernel of the call's layout, never mxfp8's (the same e8m0 scale per 32, other elements) or
+    nvfp4's (the same elements, other scales), and none where the bundle has no masked nvfp4 kernel."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import tilekiln
+    from tilekiln.spec import BlockScale, DType
+
+    bundle = _bundle_of(
+        tmp_path,
+        _grouped_record(0, "mxfp8_masked", "grouped_masked", block_scale=BlockScale(DType("e8m0"), 32)),
+        _fp4_record(1, "mxfp4", "grouped", "sm100", (128, 256, 256)),
+        _fp4_record(2, "mxfp4_masked", "grouped_masked", "sm100", (128, 128, 256)),
+        _fp4_record(3, "nvfp4", "grouped", "sm100", (128, 256, 256), "e4m3", 16))
+    with FakeTensorMode():
+        a, b, offs = _fp4_operands(False)
+        assert tilekiln.explain(a, b, offs=offs, scale_format="mxfp4", bundle=bundle).kernel.id == "mxfp4"
+        assert tilekiln.explain(a, b, offs=offs, scale_format="nvfp4", bundle=bundle).kernel.id == "nvfp4"
+        a, b, masked_m = _fp4_operands(True)
+        assert tilekiln.explain(a, b, masked_m=masked_m, scale_format="mxfp4", bundle=bundle).kernel.id == (
+            "mxfp4_masked")
+        refused = tilekiln.explain(a, b, masked_m=masked_m, scale_format="nvfp4", bundle=bundle)
+        assert refused.kernel is None
+        reasons = {c.kernel.id: c.reason for c in refused.candidates}
+        assert reasons["nvfp4"] == "family: kernel computes grouped, the call is grouped_masked"
+        assert reasons["mxfp4_masked"] == "block_scale: kernel computes sfe8m0x32, the call asks for sfe4m3x16"
+
+
+def test_an_mxfp4_masked_call_traces_as_one_node_with_its_scale_format(tmp_path):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import tilekiln
+    from tests.unit.test_torch_ops import traced
+
+    bundle = _bundle_of(tmp_path, _fp4_record(0, "mxfp4_masked", "grouped_masked", "sm107", (128, 128, 256)))
+    with FakeTensorMode():
+        a, b, masked_m = _fp4_operands(True, total=64, n=256, k=256, groups=3)
+        sa = torch.empty(3, 1, 1, 32, 4, 4, dtype=torch.float8_e8m0fnu, device="cuda")
+        sb = torch.empty(3, 2, 1, 32, 4, 4, dtype=torch.float8_e8m0fnu, device="cuda")
+        got, ops = traced(lambda: tilekiln.grouped_gemm_masked(a, b, masked_m, scale_a=sa, scale_b=sb,
+                                                                scale_format="mxfp4", bundle=bundle))
+    assert ops == ["tilekiln.grouped_gemm_masked.default"]
+    assert got.shape == (3, 64, 256) and got.dtype == torch.bfloat16
+
+
+def test_the_sm103_48_byte_k_grouped_kernel_takes_any_k_of_whole_scale_atoms(tmp_path):
+    """An sm103a bundle holds nvfp4 grouped kernels of both pipelines: the sm100 one's 256-element K
+    slice and the sm103 one's 768 (384 bytes, cta_k_bytes_fixed). Neither needs K to be a multiple of
+    its slice (TMA zero-fills past K), so both are candidates for K = 832 (13 atoms of 64)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import tilekiln
+
+    bundle = _bundle_of(tmp_path, _fp4_record(0, "k32", "grouped", "sm100", (128, 256, 256), "e4m3", 16),
+                        _fp4_record(1, "k48", "grouped", "sm103", (128, 128, 768), "e4m3", 16))
+    with FakeTensorMode():
+        a, b, offs = _fp4_operands(False, k=832)
+        choice = tilekiln.explain(a, b, offs=offs, scale_format="nvfp4", bundle=bundle)
+    assert {c.kernel.id: c.accepted for c in choice.candidates} == {"k32": True, "k48": True}
+
+
+def test_a_masked_nvfp4_call_without_a_masked_nvfp4_kernel_names_each_refusal(tmp_path):
+    """The bundle has nvfp4 kernels (no arch message) but none of the masked layout: NoKernelError
+    with each kernel's reason, before anything is launched."""
+    import dataclasses
+
+    from tilekiln._tensors import describe
+    from tilekiln.errors import NoKernelError
+    from tilekiln.grouped import make_masked_problem, plan_grouped
+    from tilekiln.problem import requested_epilogue
+
+    bundle = _bundle_of(tmp_path, _fp4_record(0, "nvfp4", "grouped", "sm100", (128, 256, 256), "e4m3", 16),
+                        _fp4_record(1, "mxfp4_masked", "grouped_masked", "sm100", (128, 128, 256)))
+    a, b, _, _ = _call("nvfp4", True)
+    rows = torch.zeros(3, dtype=torch.int32)
+    # described as the CUDA tensors of a call (device 0)
+    a_op, b_op, rows_op = (dataclasses.replace(describe(t, name), device=0)
+                           for t, name in ((a, "a"), (b, "b"), (rows, "masked_m")))
+    problem = make_masked_problem(a_op, b_op, rows_op, None, True, requested_epilogue(**dict(bs.block_request("nvfp4"))))
+    with pytest.raises(NoKernelError, match=r"has no grouped_masked kernel for e2m1/e2m1->bf16 .*\n.*\n"
+                                            r"  reject mxfp4_masked: block_scale: kernel computes sfe8m0x32, the call "
+                                            r"asks for sfe4m3x16\n"
+                                            r"  reject nvfp4: family: kernel computes grouped, the call is grouped_masked"):
+        plan_grouped(bundle, problem)

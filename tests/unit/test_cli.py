@@ -15,7 +15,7 @@ from builder.cli.commands import main
 from builder.compile.parallel import LocalExecutor
 from builder.diagnostics import JSON_KEYS, LOCATION_KEYS, DiagnosticError
 from builder.pipeline.build import BuildRequest, Selection, build
-from tests.fixture_catalogs import ROOT, expectations
+from tests.fixture_catalogs import FIXTURES, ROOT, expectations, make_project, overlays
 
 BROKEN = ROOT / "tests" / "fixtures" / "broken_catalog"
 
@@ -75,9 +75,13 @@ def test_explain_reports_derived_values():
     assert summary["problems"] == []
 
 
-def test_explain_works_for_a_kernel_no_template_serves():
-    """A grouped kernel of the sm103 pipeline, whose only template builds the gemm family."""
-    result = run("validate", str(BROKEN), "--explain", "grouped_sm103_e2m1_e2m1_f32_bf16_tn_128x128x768_c1x1_sfe4m3x16")
+def test_explain_works_for_a_kernel_no_template_serves(tmp_path):
+    """A masked kernel of the sm103 pipeline in the TEMPLATE-SUPPORT fixture's project, whose overlay
+    makes the pipeline's grouped template build the contiguous layout only."""
+    variant = FIXTURES / "TEMPLATE-SUPPORT" / "fail-no-template.yaml"
+    project = make_project(tmp_path, [variant], overlays(variant))
+    result = CliRunner().invoke(main, ["--root", str(project), "validate", "--explain",
+                                       "grouped_masked_sm103_e2m1_e2m1_f32_bf16_tn_128x128x768_c1x1_sfe8m0x32"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["smem_model"].startswith("lower bound")

@@ -250,9 +250,11 @@ def test_template_renders_a_grouped_kernel_whose_table_the_smem_model_counts():
                                                   "grouped_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1"}
     for ctx in ctxs:
         # Hopper's warpgroup-MMA template, or the tcgen05 one on the Blackwell-family pipelines (its
-        # block-scaled form for block-scaled kernels).
-        tcgen05 = "sm100_blockscaled_grouped" if ctx.entry.config.block_scale else "sm100_grouped"
-        assert ctx.template.name == ("sm90_grouped" if ctx.entry.config.pipeline == "sm90" else tcgen05)
+        # block-scaled form for block-scaled kernels; sm103's own, the 48-byte-K MMA, on sm103).
+        pipeline = ctx.entry.config.pipeline
+        tcgen05 = ("sm103_blockscaled_grouped" if pipeline == "sm103" else "sm100_blockscaled_grouped"
+                   if ctx.entry.config.block_scale else "sm100_grouped")
+        assert ctx.template.name == ("sm90_grouped" if pipeline == "sm90" else tcgen05)
         # Cluster tiles along M (B multicast) only where the template walks them (sm90_grouped).
         assert ctx.entry.config.cluster.m == 1 or ctx.template.name == "sm90_grouped"
         # Row ends and item ends, int32, one more entry than the most groups.

@@ -4,9 +4,9 @@ The sm107a bundle's fp8 kernels, dense, grouped and block-scaled (mxfp8), and it
 kernels come from the sm107 pipeline and are rendered with SM 10.7's 64-byte
 MMA K; no other bundle gets one, and no sm107a kernel uses the 32-byte MMA in
 their place (its nvfp4 kernels keep it: BLOCK-SCALE-MMA-K). sm103 adds only
-the block-scaled fp4 MMA (K 48), which no template builds yet, so the sm103a
-bundle's kernels are the sm100 pipeline's. Validation and rendering only: no
-compile.
+the block-scaled fp4 MMA (K 48): the sm103a bundle holds the sm100 pipeline's
+kernels and the sm103 pipeline's fp4 ones, dense and grouped. Validation and
+rendering only: no compile.
 """
 
 from __future__ import annotations
@@ -94,23 +94,33 @@ def test_every_blackwell_family_bundle_holds_grouped_kernels_of_both_layouts():
 
 
 def test_the_arch_specific_blackwell_bundles_hold_block_scaled_grouped_kernels():
-    """mxfp8 grouped kernels of both layouts and an nvfp4 contiguous one in sm100a, sm103a and sm107a,
-    an mxfp4 contiguous one in sm100a and sm103a, from the block-scaled grouped template; sm107a's mxfp8 ones and its fp4-e5m3 one from the sm107
-    pipeline (64-byte MMA K), its nvfp4 one on the 32-byte MMA (BLOCK-SCALE-MMA-K). sm100f has none:
-    the block-scaled MMA is arch-specific."""
+    """mxfp8 and mxfp4 grouped kernels of both layouts and an nvfp4 contiguous one in sm100a, sm103a and
+    sm107a, from the sm100 and sm107 pipelines' block-scaled grouped template; sm107a's mxfp8 and mxfp4
+    ones and its fp4-e5m3 one from the sm107 pipeline (64-byte MMA K), its nvfp4 one on the 32-byte MMA
+    (BLOCK-SCALE-MMA-K). sm103a adds the sm103 pipeline's (48-byte MMA K, 384-byte CTA K): nvfp4 and
+    mxfp4 contiguous, mxfp4 masked. sm100f has none: the block-scaled MMA is arch-specific."""
     targets = by_target()
+    shared = {(f, "e4m3", "e8m0") for f in ("grouped", "grouped_masked")} | {
+        (f, "e2m1", "e8m0") for f in ("grouped", "grouped_masked")} | {("grouped", "e2m1", "e4m3")}
     for target in ("sm_100a", "sm_103a", "sm_107a"):
         grouped = [c for c in targets[target] if c.entry.config.family != "gemm" and c.entry.config.block_scale]
-        assert {c.template.name for c in grouped} == {"sm100_blockscaled_grouped"}, target
+        k48 = [c for c in grouped if c.entry.config.pipeline == "sm103"]
+        rest = [c for c in grouped if c.entry.config.pipeline != "sm103"]
+        assert {c.template.name for c in rest} == {"sm100_blockscaled_grouped"}, target
         # sm107a adds fp4 with e5m3 scales, which only SM 10.7 has (DTYPE-ARCH)
-        # and sm100a and sm103a mxfp4, whose Rubin kernel would be the sm107 pipeline's (none yet)
-        own = {("grouped", "e2m1", "e5m3")} if target == "sm_107a" else {("grouped", "e2m1", "e8m0")}
+        own = {("grouped", "e2m1", "e5m3")} if target == "sm_107a" else set()
         assert {(c.entry.config.family, c.entry.config.dtypes.a.value, c.entry.config.block_scale.scale.value)
-                for c in grouped} == {("grouped", "e4m3", "e8m0"), ("grouped_masked", "e4m3", "e8m0"),
-                                      ("grouped", "e2m1", "e4m3")} | own, target
-        for ctx in grouped:
+                for c in rest} == shared | own, target
+        for ctx in rest:
             k64 = target == "sm_107a" and ctx.entry.config.block_scale.block == 32
             assert (ctx.entry.config.pipeline, ctx.plan.mma_k_bytes) == (("sm107", 64) if k64 else ("sm100", 32))
+        if target != "sm_103a":
+            assert not k48, target
+            continue
+        assert {c.template.name for c in k48} == {"sm103_blockscaled_grouped"}
+        assert {(c.entry.config.family, c.entry.config.block_scale.scale.value) for c in k48} == {
+            ("grouped", "e4m3"), ("grouped", "e8m0"), ("grouped_masked", "e8m0")}
+        assert all((c.plan.mma_k_bytes, c.plan.cta_k_bytes, c.plan.k_blocks) == (48, 384, 8) for c in k48)
     assert not [c for c in targets["sm_100f"] if c.entry.config.block_scale]
 
 
