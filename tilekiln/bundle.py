@@ -68,6 +68,12 @@ ClusterQuery = Callable[[KernelRecord, int], int]
 
 
 PLAN_CACHE_LIMIT = 16384
+# Why loading a kernel planned on the oversized carveout fails where the glue's first request does.
+_OVERSIZED_HINT = ("; the kernel needs {} B of shared memory per CTA, more than the opt-in limit, and is loaded "
+                   "on the oversized carveout: that needs a driver that knows the function attribute "
+                   "CU_FUNC_ATTRIBUTE_SHARED_MEMORY_MODE (17; documented from CUDA 13.4) and a device whose "
+                   "MAX_OVERSIZED_SHARED_MEMORY_PER_BLOCK (attribute 150) holds it (SM 10.7); use a kernel "
+                   "of fewer stages on this system")
 # What a gemm-family launch passes for its by-value arguments when the call asks for none.
 NEUTRAL_VALUES = FAMILIES["gemm"].neutral_values
 
@@ -290,8 +296,11 @@ class Bundle:
                 self._initialized.add(index)
             status = lib.load(index, device)
             if status:
-                raise BundleError(f"{self.kernels[index].id}: preparing it for cuda:{device} failed with "
-                                  f"{lib.error_name(status)} ({lib.error_string(status)})")
+                kernel = self.kernels[index]
+                raise BundleError(f"{kernel.id}: preparing it for cuda:{device} failed with "
+                                  f"{lib.error_name(status)} ({lib.error_string(status)})"
+                                  + (_OVERSIZED_HINT.format(kernel.resources.smem_bytes)
+                                     if kernel.resources.oversized_smem else ""))
             self._ready.add((index, device))
 
     # -- planning ------------------------------------------------------------------------------

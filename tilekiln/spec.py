@@ -977,6 +977,9 @@ class Resources:
     local_bytes: int
     spills: bool
     sass: dict[str, int]
+    # Loaded on the oversized shared-memory carveout (its stages need more than the opt-in limit):
+    # the glue sets the shared-memory mode attribute, which only a newer driver knows.
+    oversized_smem: bool = False
 
 
 @dataclass(frozen=True)
@@ -1064,7 +1067,7 @@ class KernelRecord:
     def plain(self) -> dict[str, Any]:
         return {"index": self.index, "id": self.id, "config": self.config.plain(), "stages": self.stages,
                 "threads": self.threads, "contract": self.contract.plain(),
-                "resources": dataclasses.asdict(self.resources), "cubin": _blob(self.cubin),
+                "resources": _resources(self.resources), "cubin": _blob(self.cubin),
                 "source": _blob(self.source), "symbols": dataclasses.asdict(self.symbols),
                 "catalog": dataclasses.asdict(self.catalog), "template": dataclasses.asdict(self.template),
                 "verification": "hardware-verified" if self.verified_on else "compile-verified",
@@ -1089,6 +1092,11 @@ class KernelRecord:
             symbols=Symbols(**data["symbols"]), catalog=CatalogRef(**data["catalog"]),
             template=TemplateRef(**data["template"]),
             verified_on=tuple(Verified(**v) for v in data.get("verified_on", [])))
+
+
+def _resources(resources: Resources) -> dict[str, Any]:
+    # oversized_smem only where true: every other kernel's record reads as schema 2.5 wrote it.
+    return {k: v for k, v in dataclasses.asdict(resources).items() if k != "oversized_smem" or v}
 
 
 def _blob(blob: Blob) -> dict[str, Any]:

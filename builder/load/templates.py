@@ -99,7 +99,9 @@ class Tcgen05Parameters(YamlModel):
     epilogue_tile_m: StrictPositiveInt = Field(description="epilogue sub-tile rows (one TMEM lane per row)")
     static_smem_bytes: StrictCount
     max_stages: StrictPositiveInt
-    oversized_smem_launch: StrictBool = Field(description="the generated launch requests the oversized carveout")
+    oversized_smem_launch: StrictBool = Field(
+        description="on a pipeline with smem_oversized_carveout, a kernel whose stages need more than the "
+                    "opt-in limit is loaded with the oversized carveout")
     programmatic_launch: StrictBool = Field(
         description="the generated launch allows programmatic stream serialization (PDL)")
     scheduler_threads: StrictCount = Field(

@@ -27,7 +27,9 @@ from pathlib import Path
 
 import jinja2
 
+from builder.check.derive import Tcgen05Plan
 from builder.compile.objfile import EntryPoints
+from builder.compile.records import BuildRecord
 from builder.compile.toolchain import toolchain
 from tilekiln.manifest import ABI_VERSION
 from tilekiln.spec import BLOCK_EXTENTS, BLOCKWISE_BLOCK, FAMILIES, Scaling
@@ -59,6 +61,7 @@ class LinkInput:
     object_bytes: bytes
     entry: EntryPoints
     scaling: Scaling = Scaling.TENSOR
+    oversized_smem: int = 0  # dynamic shared memory loaded on the oversized carveout; 0: the opt-in limit
 
 
 class LinkError(RuntimeError):
@@ -75,10 +78,17 @@ def render_glue(bundle: str, kernels: list[LinkInput]) -> str:
     families = sorted({k.family for k in kernels})
     rows = [{"id": k.kernel_id, "family": families.index(k.family), "init": k.entry.init,
              "load": k.entry.load_to_device, "launch": k.entry.launch,
-             "scaling": _GLUE_SCALING[k.scaling]} for k in kernels]
+             "scaling": _GLUE_SCALING[k.scaling], "oversized_smem": k.oversized_smem} for k in kernels]
     return env.get_template("glue.c.j2").render(bundle=bundle, abi_version=ABI_VERSION, kernels=rows,
                                                 families=[FAMILIES[f] for f in families],
                                                 block_extents=BLOCK_EXTENTS, block=BLOCKWISE_BLOCK)
+
+
+def link_input(record: BuildRecord) -> LinkInput:
+    """What the glue's kernel table holds of a compiled kernel."""
+    cfg, plan = record.ctx.entry.config, record.ctx.plan
+    oversized = plan.smem.dynamic_bytes if isinstance(plan, Tcgen05Plan) and plan.oversized_launch else 0
+    return LinkInput(record.kernel_id, cfg.family, record.object_bytes, record.entry, cfg.scaling, oversized)
 
 
 def link_recipe() -> dict[str, object]:

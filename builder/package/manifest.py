@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import tilekiln
 from builder import __version__
+from builder.check.derive import Tcgen05Plan
 from builder.compile.toolchain import driver_floor, toolchain
 from builder.load.tuning import read_tuning
 from builder.load.verification import VerificationFile, read_verification
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
 # 2.3: `config.residual` (absent: none) and `config.scaling` rowwise.
 # 2.4: `config.scalars` (absent: none).
 # 2.5: `config.scheduler` (absent: static) and the census opcode UGETNEXTWORKID in `resources.sass`.
-MANIFEST_SCHEMA_VERSION = "2.5"
+# 2.6: `resources.oversized_smem` (absent: false), true for a kernel loaded on the oversized carveout.
+MANIFEST_SCHEMA_VERSION = "2.6"
 
 
 def runtime_requirement(runtime_version: str) -> str:
@@ -99,7 +101,8 @@ def _kernel(index: int, r: BuildRecord, verification: VerificationFile | None) -
         contract=plan.contract,
         resources=Resources(registers=r.info.registers, smem_bytes=plan.smem.total,
                             static_smem_bytes=r.info.static_smem_bytes, stack_bytes=r.info.stack_bytes,
-                            local_bytes=r.info.local_bytes, spills=r.info.spills, sass=dict(r.info.census)),
+                            local_bytes=r.info.local_bytes, spills=r.info.spills, sass=dict(r.info.census),
+                            oversized_smem=isinstance(plan, Tcgen05Plan) and plan.oversized_launch),
         cubin=Blob(cubin_sha256, len(r.cubin)),
         source=Blob(hashlib.sha256(r.source.encode()).hexdigest(), len(r.source.encode()), source_file(r.kernel_id)),
         symbols=Symbols(r.entry.prefix, r.entry.init, r.entry.load_to_device, r.entry.launch),

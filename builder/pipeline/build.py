@@ -58,7 +58,7 @@ from builder.diagnostics import Diagnostic, DiagnosticError, Location, Severity,
 from builder.load.paths import display_path
 from builder.load.yamlsrc import load_yaml
 from builder.package.bundle import BundleFile, bundle_name, library_name, source_file, write_bundle
-from builder.package.link import LinkInput, link_library, link_recipe, render_glue
+from builder.package.link import link_input, link_library, link_recipe, render_glue
 from builder.package.manifest import make_manifest
 from builder.package.platform_tag import GlibcTarget, platform_tag
 from builder.package.publish import REPORT_NAME, bundle_is_current, bundle_output, publish_failure_report
@@ -378,7 +378,7 @@ def glibc_target(root: Path, validation: Validation) -> GlibcTarget:
 
 def link_cached(bundle: str, records: list[BuildRecord], cache: ContentCache, glibc: tuple[int, int]) -> bytes:
     """The bundle's library, keyed by every link input: glue, objects, shim, flags, glibc target and toolchain."""
-    inputs = [LinkInput(r.kernel_id, r.ctx.entry.config.family, r.object_bytes, r.entry, r.ctx.entry.config.scaling) for r in records]
+    inputs = [link_input(r) for r in records]
     key = canonical_key({"kind": "library", "glue": render_glue(bundle, inputs), "recipe": link_recipe(),
                          "objects": [hashlib.sha256(r.object_bytes).hexdigest() for r in records],
                          "glibc": list(glibc), "toolchain": toolchain().fingerprint, "bundle": bundle})

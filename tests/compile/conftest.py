@@ -62,7 +62,8 @@ def records_by_id(result) -> dict:
 # The tcgen05 kernels the census and launch tests build: (target, catalog item), each kernel
 # for one target only, covering every form of the default bundles (bf16/f16 and fp8, each
 # layout letter, 1-CTA and 2-CTA, swap_ab, an activation, the sm107 pipeline's 64-byte K, the
-# cluster-launch-control scheduler on a CTA pair and on one CTA, and on a block-scaled CTA pair).
+# cluster-launch-control scheduler on a CTA pair and on one CTA, and on a block-scaled CTA pair,
+# the oversized shared-memory carveout).
 TCGEN05_KERNELS = {
     "gemm_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c1x1": (
         "sm_100a", "tile: [128, 256, 64]\n    cluster: [1, 1]"),
@@ -83,6 +84,13 @@ TCGEN05_KERNELS = {
     "gemm_sm107_e4m3_e5m2_f32_bf16_nt_128x256x128_c2x1_2cta": (
         "sm_107a", "dtypes: {a: e4m3, b: e5m2, acc: f32, c: bf16}\n    layout: nt\n    tile: [128, 256, 128]\n"
                    "    cluster: [2, 1]\n    cta_group: 2"),
+    # catalog/gemm/sm107.yaml's kernels whose stages need the oversized carveout.
+    "gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x192x128_c1x1_s6": (
+        "sm_107a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    tile: [128, 192, 128]\n    cluster: [1, 1]\n"
+                   "    stages: 6"),
+    "gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x2_s5": (
+        "sm_107a", "dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}\n    tile: [128, 256, 128]\n    cluster: [1, 2]\n"
+                   "    stages: 5"),
     "gemm_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c2x1_2cta_clc": (
         "sm_100a", "tile: [128, 256, 64]\n    cluster: [2, 1]\n    cta_group: 2\n    scheduler: clc"),
     "gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_clc": (

@@ -3,9 +3,10 @@
  * tests/compile/test_launch_record.py links a bundle's kernel objects, its
  * glue (templates/link/glue.c.j2) and the release shim (templates/link/shim.c)
  * with this file in place of libcudart_static.a. It defines the CUDA-runtime
- * functions those call; the shim's driver entry points (cuLaunchKernelEx,
- * cuKernelGetAttribute, cuDeviceGet) come from cudaGetDriverEntryPointByVersion
- * as on a GPU machine. Nothing runs on a GPU: each call succeeds with the
+ * functions those call; the driver entry points of the shim (cuLaunchKernelEx,
+ * cuKernelGetAttribute, cuDeviceGet) and of the glue's oversized-carveout
+ * request (cuKernelSetAttribute, cuDeviceGetAttribute) come from
+ * cudaGetDriverEntryPointByVersion as on a GPU machine. Nothing runs on a GPU: each call succeeds with the
  * device the test configured (tkrec_configure), and what the host code asked
  * for is appended to a log of JSON lines (tkrec_log): every kernel attribute
  * set, every occupancy query and every launch with its grid, block, dynamic
@@ -175,6 +176,19 @@ static CUresult kernel_get_attribute(int *value, CUfunction_attribute attr, CUke
   return CUDA_SUCCESS;
 }
 
+static CUresult kernel_set_attribute(CUfunction_attribute attr, int value, CUkernel kernel, CUdevice device) {
+  record("{\"event\": \"kernel_attribute\", \"kernel\": %d, \"attribute\": %d, \"value\": %d, \"device\": %d, "
+         "\"driver\": true}", kernel_index(kernel), (int)attr, value, (int)device);
+  return CUDA_SUCCESS;
+}
+
+/* The driver's device attributes are the runtime's numbers: the same configured values. */
+static CUresult device_get_attribute(int *value, CUdevice_attribute attr, CUdevice device) {
+  record("{\"event\": \"device_attribute\", \"attribute\": %d, \"device\": %d}", (int)attr, (int)device);
+  *value = (int)attr >= 0 && (int)attr < 256 ? device_attributes[attr] : 0;
+  return CUDA_SUCCESS;
+}
+
 static CUresult device_get(CUdevice *device, int ordinal) {
   *device = ordinal;
   return CUDA_SUCCESS;
@@ -186,6 +200,8 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **function
   *function = !strcmp(symbol, "cuLaunchKernelEx")       ? (void *)launch_kernel_ex
               : !strcmp(symbol, "cuKernelGetAttribute") ? (void *)kernel_get_attribute
               : !strcmp(symbol, "cuDeviceGet")          ? (void *)device_get
+              : !strcmp(symbol, "cuKernelSetAttribute") ? (void *)kernel_set_attribute
+              : !strcmp(symbol, "cuDeviceGetAttribute") ? (void *)device_get_attribute
                                                         : 0;
   if (status) *status = *function ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
   record("{\"event\": \"entry_point\", \"symbol\": \"%s\", \"found\": %s}", symbol, *function ? "true" : "false");

@@ -201,20 +201,18 @@ def test_sm103_mma_builds_for_the_target_kinds_the_facts_name(dsl):
         assert _accepts(lambda: _probe(cute, target.name, record)) == (target.kind in kinds), target.name
 
 
-def test_the_pinned_cuda_cannot_request_the_oversized_carveout():
-    """smem_oversized_carveout (sm107) is a budget no generated launch may claim, and this is why.
+def test_the_glue_requests_the_oversized_carveout_by_number():
+    """The pinned CUDA 13.0 headers name none of what the oversized carveout takes, so the glue
+    (templates/link/glue.c.j2) sets it by number, as cuda-bindings 13.4.4 and 13.5.0 document it.
 
     The DSL's generated load sets cudaFuncAttributeMaxDynamicSharedMemorySize to the device's
-    cudaDevAttrMaxSharedMemoryPerBlockOptin less the kernel's static shared memory (what
-    tests/compile/test_launch_record.py records; on SM 10.7 the opt-in limit is the 227 KiB default
-    carveout). A request beyond it would have to go through the same attribute, which the pinned
-    CUDA runtime documents as bounded by the opt-in limit (cudaErrorInvalidValue past it), and the
-    pinned headers name no oversized shared-memory attribute: their device attributes end at 147,
-    and the oversized one FROST queries is ordinal 150, new in CUDA 13.4. So no template sets
-    ``oversized_smem_launch`` and SMEM-CARVEOUT refuses a config that would need the carveout.
-    Once the toolchain names the attribute this test fails: then implement the request."""
+    cudaDevAttrMaxSharedMemoryPerBlockOptin less the kernel's static shared memory, which the
+    pinned runtime documents as the bound of that attribute; past it a function must first be
+    given the shared-memory mode ALLOW_OVERSIZED (function attribute 17 = 3), and the device's
+    oversized limit is attribute 150. The pinned headers end their function attributes at 15 and
+    their device attributes at 147. Once the toolchain names them this test fails: then the glue
+    should use the names."""
     from builder.compile.toolchain import toolchain
-    from builder.load.templates import load_templates
 
     include = toolchain().cuda_include
     runtime_api = (include / "cuda_runtime_api.h").read_text()
@@ -222,9 +220,15 @@ def test_the_pinned_cuda_cannot_request_the_oversized_carveout():
     assert ("The sum of this value and the function attribute ::sharedSizeBytes\n *   cannot exceed the device "
             "attribute ::cudaDevAttrMaxSharedMemoryPerBlockOptin") in runtime_api
     assert "OVERSIZED_SHARED" not in headers and "OversizedShared" not in headers
+    assert "SHARED_MEMORY_MODE" not in headers
     assert re.search(r"cudaDevAttrOnlyPartialHostNativeAtomicSupported\s*=\s*147,[^\n]*\n\s*cudaDevAttrMax\b", headers)
-    templates = load_templates(ROOT / "templates")
-    assert not any(getattr(t.manifest.parameters, "oversized_smem_launch", False) for t in templates.templates)
+    assert re.search(r"CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 15,[^}]*CU_FUNC_ATTRIBUTE_MAX\b",
+                     headers)
+    glue = (ROOT / "templates" / "link" / "glue.c.j2").read_text()
+    for define in ("TK_FUNC_ATTRIBUTE_SHARED_MEMORY_MODE 17", "TK_SHARED_MEMORY_MODE_ALLOW_OVERSIZED 3",
+                   "TK_DEVICE_ATTRIBUTE_MAX_OVERSIZED_SHARED_MEMORY_PER_BLOCK 150"):
+        assert f"#define {define}\n" in glue
+    assert "cuda-bindings 13.4.4 and 13.5.0" in glue
 
 
 def test_sm107_mma_k_and_shapes(dsl):

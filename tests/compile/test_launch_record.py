@@ -23,8 +23,12 @@ each kernel must have launched:
   dimension attribute, and programmatic stream serialization exactly when the
   template's manifest declares ``programmatic_launch``;
 * after its load set the non-portable cluster attribute and a dynamic
-  shared-memory limit of the plan's budget (opt-in limit or carveout) less the
-  cubin's static shared memory, which the plan's dynamic bytes fit.
+  shared-memory limit of the opt-in limit less the cubin's static shared
+  memory, which the plan's dynamic bytes fit; a kernel the validator planned on
+  the oversized carveout then also its shared-memory mode (driver attribute 17)
+  to ALLOW_OVERSIZED (3), and that limit to exactly its dynamic bytes, after
+  asking the device's oversized limit (attribute 150); no other kernel sets the
+  mode.
 """
 
 from __future__ import annotations
@@ -40,13 +44,14 @@ from pathlib import Path
 import pytest
 
 from builder.check.context import KernelContext
+from builder.check.derive import Tcgen05Plan
 from builder.compile.toolchain import toolchain
-from builder.package.link import CFLAGS, LINK_DIR, LinkInput, render_glue, zig_target
+from builder.package.link import CFLAGS, LINK_DIR, link_input, render_glue, zig_target
 from builder.pipeline.build import BundleResult
 from tilekiln._tensors import Operand
-from tilekiln.bundle import Bundle
+from tilekiln.bundle import Bundle, BundleError
 from tilekiln.manifest import VerifiedBundle, read_manifest
-from tilekiln.spec import Scheduler, requested_fields
+from tilekiln.spec import Scheduler, format_kernel_id, requested_fields
 
 pytestmark = pytest.mark.compile
 
@@ -63,6 +68,8 @@ OCCUPANCY = 30
 # cudaDeviceAttr, cudaFuncAttribute and CUlaunchAttributeID values (driver_types.h, cuda.h).
 ATTR_SM_COUNT, ATTR_CC_MAJOR, ATTR_CC_MINOR, ATTR_SMEM_OPTIN = 16, 75, 76, 97
 FUNC_MAX_DYNAMIC_SMEM, FUNC_NON_PORTABLE_CLUSTER = 8, 14
+# Not in the pinned headers: cuda-bindings 13.4.4 / 13.5.0 (templates/link/glue.c.j2).
+ATTR_MAX_OVERSIZED_SMEM, FUNC_SHARED_MEMORY_MODE, SHARED_MEMORY_MODE_ALLOW_OVERSIZED = 150, 17, 3
 LAUNCH_CLUSTER_DIM, LAUNCH_PROGRAMMATIC = 4, 6
 
 
@@ -100,7 +107,7 @@ def link_recording_library(bundle: BundleResult, out: Path) -> Path:
     tools = toolchain()
     work = out / bundle.bundle
     work.mkdir(parents=True)
-    kernels = [LinkInput(r.kernel_id, r.ctx.entry.config.family, r.object_bytes, r.entry, r.ctx.entry.config.scaling) for r in bundle.records]
+    kernels = [link_input(r) for r in bundle.records]
     (work / "glue.c").write_text(render_glue(bundle.bundle, kernels))
     objects = []
     for i, k in enumerate(kernels):
@@ -130,10 +137,11 @@ class Recorded:
         self.cc = manifest.compute_capability
         self.records = {r.kernel_id: r for r in result.records}
 
-    def configure(self, static_smem: int, smem_optin: int) -> None:
+    def configure(self, static_smem: int, smem_optin: int, smem_oversized: int = 0) -> None:
         values = (ctypes.c_int * 256)()
         values[ATTR_CC_MAJOR], values[ATTR_CC_MINOR] = self.cc
         values[ATTR_SM_COUNT], values[ATTR_SMEM_OPTIN] = SM_COUNT[self.cc[0]], smem_optin
+        values[ATTR_MAX_OVERSIZED_SMEM] = smem_oversized
         self.recorder.tkrec_configure(values, 256, OCCUPANCY, static_smem)
         self.recorder.tkrec_clear()
 
@@ -155,7 +163,7 @@ def run_kernel(recorded: Recorded, kernel_id: str, problems=PROBLEMS) -> tuple[l
     ctx = recorded.records[kernel_id].ctx
     cfg = ctx.entry.config
     recorded.configure(recorded.records[kernel_id].info.static_smem_bytes,
-                       ctx.facts.require("smem_per_block_optin"))
+                       ctx.facts.require("smem_per_block_optin"), oversized_limit(ctx))
     requested = tuple((f.name, spec.codec.request(getattr(cfg, f.name))) for f, spec in requested_fields()
                       if getattr(cfg, f.name) != f.default)
     pairs = []
@@ -176,6 +184,15 @@ def run_kernel(recorded: Recorded, kernel_id: str, problems=PROBLEMS) -> tuple[l
         assert launch["path"] == "driver", launch
         pairs.append((expected_launch(ctx, m, n, batch, resident), recorded_launch(launch)))
     return recorded.events(), pairs
+
+
+def oversized(ctx: KernelContext) -> bool:
+    return isinstance(ctx.plan, Tcgen05Plan) and ctx.plan.oversized_launch
+
+
+def oversized_limit(ctx: KernelContext) -> int:
+    """The stand-in device's attribute 150: the pipeline's carveout (0 where it has none)."""
+    return ctx.facts.require("smem_oversized_carveout") if ctx.facts.has("smem_oversized_carveout") else 0
 
 
 def plan_index(recorded: Recorded, kernel_id: str) -> int:
@@ -201,14 +218,70 @@ def _check_launches(recorded: Recorded, problems=PROBLEMS) -> None:
         events, pairs = run_kernel(recorded, kernel_id, problems)
         for expected, launched in pairs:
             assert launched == expected, kernel_id
-        limit = ctx.plan.smem_budget - ctx.template.manifest.parameters.static_smem_bytes
+        check_smem_attributes(ctx, events, record.info.static_smem_bytes)
         attributes = {e["attribute"]: e["value"] for e in events if e["event"] == "kernel_attribute"}
-        assert attributes[FUNC_MAX_DYNAMIC_SMEM] == limit >= ctx.plan.smem.dynamic_bytes, kernel_id
         assert attributes[FUNC_NON_PORTABLE_CLUSTER] == 1, kernel_id
         cluster = (ctx.entry.config.cluster.m, ctx.entry.config.cluster.n, 1)
         for query in (e for e in events if e["event"] == "occupancy"):
             assert (tuple(query["block"]), query["dynamic_smem"], tuple(query["cluster"])) == (
                 (ctx.plan.threads, 1, 1), ctx.plan.smem.dynamic_bytes, cluster), kernel_id
+
+
+def check_smem_attributes(ctx: KernelContext, events: list[dict], static_smem: int) -> None:
+    """The dynamic shared-memory limit the loads set, in order, and the shared-memory mode."""
+    plan = ctx.plan
+    limits = [e["value"] for e in events if e["event"] == "kernel_attribute" and e["attribute"] == FUNC_MAX_DYNAMIC_SMEM]
+    modes = [e["value"] for e in events if e["event"] == "kernel_attribute" and e["attribute"] == FUNC_SHARED_MEMORY_MODE]
+    optin = ctx.facts.require("smem_per_block_optin") - ctx.template.manifest.parameters.static_smem_bytes
+    if not oversized(ctx):
+        # The generated load's limit alone, as before the carveout existed.
+        assert limits == [optin] and optin >= plan.smem.dynamic_bytes and not modes, format_kernel_id(ctx.entry.config)
+        return
+    # The generated load's limit, then the glue's: the mode first, the device's oversized limit
+    # asked, then exactly the Storage struct, which with the static reservation fits that limit.
+    assert limits == [optin, plan.smem.dynamic_bytes] and modes == [SHARED_MEMORY_MODE_ALLOW_OVERSIZED]
+    assert plan.smem.dynamic_bytes > optin and plan.smem.dynamic_bytes + static_smem <= oversized_limit(ctx)
+    order = [(e["event"], e.get("attribute")) for e in events
+             if e["event"] in ("kernel_attribute", "device_attribute")]
+    mode = order.index(("kernel_attribute", FUNC_SHARED_MEMORY_MODE))
+    assert order[mode + 1:mode + 3] == [("device_attribute", ATTR_MAX_OVERSIZED_SMEM),
+                                        ("kernel_attribute", FUNC_MAX_DYNAMIC_SMEM)], order
+    (driver,) = [e for e in events if e["event"] == "kernel_attribute" and e.get("driver")]
+    assert driver["attribute"] == FUNC_SHARED_MEMORY_MODE
+
+
+def test_the_sm107_bundle_loads_its_oversized_kernels_on_the_carveout(recorded_bundles):
+    """The catalog's sm107 kernels whose stages pass the opt-in limit: the plan and the manifest say
+    so, and the recorded load (checked in _check_launches) requests the carveout."""
+    recorded = recorded_bundles["sm107a"]
+    oversized = {k for k, r in recorded.records.items() if r.ctx.plan.oversized_launch}  # all tcgen05 plans
+    assert oversized == {"gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x192x128_c1x1_s6",
+                         "gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x2_s5"}
+    for kernel in recorded.bundle.kernels:
+        assert kernel.resources.oversized_smem == (kernel.id in oversized), kernel.id
+        if kernel.id in oversized:
+            assert kernel.resources.smem_bytes == recorded.records[kernel.id].ctx.plan.smem.total == 264192
+
+
+def test_a_device_without_room_for_the_carveout_refuses_the_load_and_says_why(small_build, tcgen05_build,
+                                                                               tmp_path_factory):
+    """A device whose oversized limit (attribute 150) is the opt-in limit, as a driver or part without
+    the carveout answers: the glue refuses the kernel and the runtime names the driver requirement."""
+    (result,) = [b for b in tcgen05_build.bundles if b.bundle == "sm107a"]
+    scratch = tmp_path_factory.mktemp("recorded-no-carveout")
+    recorded = Recorded(result, link_recording_library(result, scratch / "lib"), scratch)
+    kernel_id = "gemm_sm107_e4m3_e4m3_f32_bf16_tn_128x192x128_c1x1_s6"
+    ctx = recorded.records[kernel_id].ctx
+    optin = ctx.facts.require("smem_per_block_optin")
+    recorded.configure(recorded.records[kernel_id].info.static_smem_bytes, optin, optin)
+    m, n, k = 1008, 1040, 528
+    a = operand("a", m, k, 1, "e4m3", 0x7F0000000000, True)
+    b = operand("b", k, n, 1, "e4m3", 0x7F1000000000, False)
+    c = operand("out", m, n, 1, "bf16", 0x7F2000000000, True)
+    with pytest.raises(BundleError, match=r"oversized carveout.*CU_FUNC_ATTRIBUTE_SHARED_MEMORY_MODE \(17"):
+        recorded.bundle.launch(recorded.bundle.plan(a, b, c, kernel=kernel_id, out_dtype="bf16"),
+                               a.ptr, b.ptr, c.ptr, 0, 0, 0, 0, 0, 0)
+    assert not [e for e in recorded.events() if e["event"] == "launch"]
 
 
 @pytest.mark.parametrize("bundle", ["sm100a", "sm103a", "sm107a"])
@@ -290,7 +363,8 @@ def check_grouped_launches(recorded: Recorded, problems, requested=lambda cfg: (
     for kernel_id, record in recorded.records.items():
         ctx = record.ctx
         cfg, plan = ctx.entry.config, ctx.plan
-        recorded.configure(record.info.static_smem_bytes, ctx.facts.require("smem_per_block_optin"))
+        recorded.configure(record.info.static_smem_bytes, ctx.facts.require("smem_per_block_optin"),
+                           oversized_limit(ctx))
         dtype = cfg.dtypes.a.value
         scaled = dtype != cfg.dtypes.c.value
         masked = cfg.family == "grouped_masked"
@@ -326,9 +400,6 @@ def check_grouped_launches(recorded: Recorded, problems, requested=lambda cfg: (
                               plan.smem.dynamic_bytes, (cm, cn, 1), 1)
             assert recorded_launch(launch) == expected, (kernel_id, m, n, k, groups)
             assert LAUNCH_CLUSTER_DIM in {attr["id"] for attr in launch["attributes"]}
-        attributes = {e["attribute"]: e["value"] for e in recorded.events()[events_before:]
-                      if e["event"] == "kernel_attribute"}
-        budget = plan.smem_budget - ctx.template.manifest.parameters.static_smem_bytes
-        assert attributes[FUNC_MAX_DYNAMIC_SMEM] == budget >= plan.smem.dynamic_bytes, kernel_id
+        check_smem_attributes(ctx, recorded.events()[events_before:], record.info.static_smem_bytes)
         launched.add(kernel_id)
     return launched

@@ -63,8 +63,9 @@ def test_object_key_changes_with_each_component(component, monkeypatch):
 
 
 def _records(*objects: bytes) -> list[BuildRecord]:
-    # Linking reads only a record's family from its context.
-    ctx = SimpleNamespace(entry=SimpleNamespace(config=SimpleNamespace(family="gemm", scaling=Scaling.TENSOR)))
+    # Linking reads only a record's family, scaling and plan (no carveout: not a tcgen05 plan).
+    ctx = SimpleNamespace(entry=SimpleNamespace(config=SimpleNamespace(family="gemm", scaling=Scaling.TENSOR)),
+                          plan=SimpleNamespace())
     return [BuildRecord(f"k{i}", "sm_90a", "compiled", 0.0, ctx=ctx, object_bytes=o,
                          entry=EntryPoints(f"tk_{i}", f"init{i}", f"load{i}", f"launch{i}"))
             for i, o in enumerate(objects)]

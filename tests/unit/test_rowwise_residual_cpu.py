@@ -77,9 +77,9 @@ def test_glue_builds_row_wise_scale_vectors_and_the_residual_from_cs_strides():
     text = render_glue("sm90a", [LinkInput("gemm_t", "gemm", b"", entry),
                                  LinkInput("gemm_r", "gemm", b"", entry, Scaling.ROWWISE),
                                  LinkInput("gemm_b", "gemm", b"", entry, Scaling.BLOCKWISE)])
-    assert '{"gemm_t", 0, p_init, p_load, p_launch, 0}' in text
-    assert '{"gemm_r", 0, p_init, p_load, p_launch, 2}' in text
-    assert '{"gemm_b", 0, p_init, p_load, p_launch, 1}' in text
+    assert '{"gemm_t", 0, p_init, p_load, p_launch, 0, 0}' in text
+    assert '{"gemm_r", 0, p_init, p_load, p_launch, 2, 0}' in text
+    assert '{"gemm_b", 0, p_init, p_load, p_launch, 1, 0}' in text
     run = text.split("TK_EXPORT int tk_run_gemm(", 1)[1].split("\n}\n", 1)[0]
     assert "struct { void *data; int32_t shape[1]; } scale_a_rows = {call->scale_a, {plan->m}};" in run
     assert "struct { void *data; int32_t shape[1]; } scale_b_rows = {call->scale_b, {plan->n}};" in run

@@ -41,6 +41,12 @@ class SmemUse:
         return self.dynamic_bytes + self.static_bytes
 
     @property
+    def operand_address_end(self) -> int:
+        """The shared-window address just past the last MMA operand byte, what a descriptor
+        encodes: the dynamic ``Storage`` struct starts after the static reservation."""
+        return self.static_bytes + self.operand_end
+
+    @property
     def padding(self) -> int:
         return (self.dynamic_bytes - self.barrier_bytes - self.a_bytes - self.b_bytes - self.epilogue_bytes
                 - self.scale_bytes - self.table_bytes)

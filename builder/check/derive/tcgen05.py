@@ -84,13 +84,14 @@ class Tcgen05Plan:
     tmem_scale_columns: int  # a block-scaled kernel's scale factors of one stage (0 otherwise)
     tmem_alloc_columns: int
     stages: int  # resolved; 0 when not even one stage fits
-    max_fitting_stages: int  # within the budget and the descriptor limit: what auto picks
+    max_fitting_stages: int  # within the opt-in limit and the descriptor limit: what auto picks
     max_budget_stages: int  # within the shared-memory budget alone
     max_descriptor_stages: int  # with every operand below the descriptor limit alone
     smem: SmemUse
     smem_optin: int
-    smem_budget: int
+    smem_budget: int  # what this kernel's launch gets: the opt-in limit, or the carveout it requests
     smem_budget_name: str
+    oversized_launch: bool  # the launch requests the oversized carveout (its stages need more than opt-in)
     mcast_a: int  # CTAs one A load is multicast to (along cluster N)
     mcast_b: int  # CTAs one B load is multicast to (along cluster M, per CTA pair)
     contract: Contract
@@ -172,10 +173,10 @@ def _clc_stages(config: KernelConfig, p: Tcgen05Parameters | None) -> int:
 
 
 def smem_budget(facts: PipelineFacts, p: Tcgen05Parameters | None) -> tuple[int, str]:
-    """The bytes a launch of this kernel gets and what they are called.
+    """The most bytes a launch of this template may get on the pipeline, and what they are called.
 
-    The oversized carveout counts only when the generated launch requests it;
-    otherwise the budget is the opt-in limit (PR #593 review).
+    The oversized carveout counts only when the template's launch can request it
+    (``oversized_smem_launch``); otherwise the budget is the opt-in limit (PR #593 review).
     """
     optin = facts.require("smem_per_block_optin")
     if p is not None and p.oversized_smem_launch and facts.has("smem_oversized_carveout"):
@@ -196,17 +197,23 @@ def plan_tcgen05(config: KernelConfig, facts: PipelineFacts, p: Tcgen05Parameter
            + scale_columns > facts.require("tmem_columns")):
         acc_stages -= 1
     acc_columns = tmem_accumulator_columns(t.m, t.n, group, acc_stages, lanes)
-    budget, budget_name = smem_budget(facts, p)
+    ceiling, ceiling_name = smem_budget(facts, p)
+    optin = facts.require("smem_per_block_optin")
     limit = facts.require("smem_descriptor_limit")
 
     def use(stages: int) -> SmemUse:
         return tcgen05_smem(config, facts, p, stages, epi_m, epi_n, acc_stages)
 
     cap = p.max_stages if p is not None else None
-    in_budget = _largest(lambda s: use(s).total <= budget, cap)
-    in_reach = _largest(lambda s: use(s).operand_end <= limit, cap)
-    fitting = _largest(lambda s: use(s).total <= budget and use(s).operand_end <= limit, cap)
-    stages = config.stages if config.stages is not None else fitting
+    in_budget = _largest(lambda s: use(s).total <= ceiling, cap)
+    in_reach = _largest(lambda s: use(s).operand_address_end <= limit, cap)
+    # auto stays within the opt-in limit: the carveout leaves 8 KB of L1 and needs a driver that
+    # knows the shared-memory mode attribute, so only a kernel that names its stages asks for it.
+    auto = _largest(lambda s: use(s).total <= optin and use(s).operand_address_end <= limit, cap)
+    stages = config.stages if config.stages is not None else auto
+    smem = use(max(stages, 1))
+    oversized = ceiling_name == "oversized carveout" and smem.total > optin
+    budget, budget_name = (ceiling, ceiling_name) if oversized else (optin, "opt-in limit")
     return Tcgen05Plan(
         has_template=p is not None, cta_group=group, b_rows=t.n // group, mma_m=t.m * group, mma_n=t.n,
         mma_k_bytes=mma_k, mma_k=mma_k * 8 // d.a.bits, cta_k_bytes=k_bytes,
@@ -217,9 +224,9 @@ def plan_tcgen05(config: KernelConfig, facts: PipelineFacts, p: Tcgen05Parameter
         epi_m=epi_m, epi_n=epi_n, epi_stages=p.epilogue_stages if p is not None else 0,
         acc_stages=acc_stages, tmem_acc_columns=acc_columns, tmem_scale_columns=scale_columns,
         tmem_alloc_columns=tmem_allocation(acc_columns + scale_columns, facts),
-        stages=stages, max_fitting_stages=fitting, max_budget_stages=in_budget,
-        max_descriptor_stages=in_reach, smem=use(max(stages, 1)),
-        smem_optin=facts.require("smem_per_block_optin"), smem_budget=budget, smem_budget_name=budget_name,
+        stages=stages, max_fitting_stages=auto, max_budget_stages=in_budget,
+        max_descriptor_stages=in_reach, smem=smem,
+        smem_optin=optin, smem_budget=budget, smem_budget_name=budget_name, oversized_launch=oversized,
         mcast_a=config.cluster.n, mcast_b=max(1, config.cluster.m // group),
         contract=tma_contract(config.dtypes, facts), buffer_align=facts.require("smem_buffer_alignment"),
     )

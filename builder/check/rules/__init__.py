@@ -61,8 +61,10 @@ def summarize(ctx: KernelContext) -> dict[str, object]:
     return common | {
         "smem_per_stage_bytes": one.a_bytes + one.b_bytes + one.scale_bytes,
         "smem_budget_name": p.smem_budget_name,
+        "smem_oversized_launch": p.oversized_launch,
         "smem_model": "exact (template Storage struct)" if p.has_template else "lower bound (no template)",
         "smem_operand_end_bytes": p.smem.operand_end,
+        "smem_operand_address_end_bytes": p.smem.operand_address_end,
         "max_stages_within_budget": p.max_budget_stages,
         "max_stages_within_descriptor_reach": p.max_descriptor_stages,
         "cta_group": p.cta_group,

@@ -38,7 +38,7 @@ def _over(ctx: KernelContext) -> bool:
 
 
 def _requests_carveout(ctx: KernelContext) -> bool:
-    return isinstance(ctx.plan, Tcgen05Plan) and ctx.plan.smem_budget_name == "oversized carveout"
+    return isinstance(ctx.plan, Tcgen05Plan) and ctx.plan.oversized_launch
 
 
 def _fits_unrequested_carveout(ctx: KernelContext) -> bool:
@@ -93,12 +93,15 @@ def check_descriptor_reach(ctx: KernelContext) -> Iterator[Diagnostic]:
         return  # the budget rules report it; a descriptor wrap matters only for memory that exists
     limit = ctx.facts.require("smem_descriptor_limit")
     plan, cfg = ctx.plan, ctx.entry.config
-    end = plan.smem.operand_end
+    # The descriptor holds the shared-window address, and the Storage struct (scale rings, A,
+    # B) starts after the static reservation: the reservation counts toward the reach.
+    end = plan.smem.operand_address_end
     if end <= limit:
         return
     fitting = plan.max_descriptor_stages if isinstance(plan, Tcgen05Plan) else 0
     yield ctx.diag("SMEM-DESC-LIMIT", "stages" if cfg.stages is not None else "tile",
-                   f"the operand rings end at byte {end} of shared memory, past the {limit} B the MMA descriptor "
+                   f"the operand rings end at shared-memory address {end} ({plan.smem.static_bytes} B static "
+                   f"+ {plan.smem.operand_end} B of the Storage struct), past the {limit} B the MMA descriptor "
                    "can address (smem_descriptor_limit: 14 bits of address >> 4); operands beyond it wrap "
                    "silently and the kernel computes garbage", f"use stages <= {fitting} or a smaller tile",
                    stages=plan.stages, operand_end=end, smem_descriptor_limit=limit, max_stages=fitting)
