@@ -127,8 +127,8 @@ def check_scales(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b) -> tuple[in
 
 
 def check_scale_tensor(name: str, scale, shape: tuple[int, int], unit: int, device, want: str) -> None:
-    """Check one float32 scale matrix of ``shape`` whose dimension ``unit`` is contiguous (where it has
-    more than one element), on ``device`` (the inputs' torch device): TypeError or ValueError naming
+    """Check one float32 scale matrix (or a grouped call's batch of them) of ``shape`` whose dimension
+    ``unit`` is contiguous (where it has more than one element), on ``device`` (the inputs' torch device): TypeError or ValueError naming
     ``name``, saying what was expected (``want``: its shape and layout) and what was wrong."""
     if not isinstance(scale, torch.Tensor):
         raise TypeError(f"{name}: expected a float32 tensor {want}, on the inputs' device; got {type(scale).__name__}")
@@ -160,8 +160,8 @@ def check_grouped_scales(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b, mas
     if masked:
         m = a.shape[1]
         check_scale_tensor("scale_a", scale_a, (groups, m, kb), 1, device,
-                           f"(G, M_max, K/{BLOCK}) = ({groups}, {m}, {kb}) with M_max contiguous (stride (s_g, 1, s_k)), "
-                           f"as quantize_fp8_blockwise(a.view(-1, K), (1, {BLOCK}))[1].view(G, M_max, -1) gives")
+                           f"(G, M_max, K/{BLOCK}) = ({groups}, {m}, {kb}) with M_max contiguous "
+                           f"(stride (s_g, 1, s_k)), as quantize_fp8_blockwise(a.view(-1, K), (1, {BLOCK}))[1].view(G, M_max, -1) gives")
         lead_a, batch_a = scale_a.stride(2), scale_a.stride(0)
     else:
         m = a.shape[0]
