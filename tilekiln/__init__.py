@@ -260,8 +260,13 @@ def grouped_gemm(a, b, offs, *, scale_a=None, scale_b=None, out=None, bundle=Non
     along K, b a (G, N, K / 2) weight's ``.transpose(1, 2)``), K a multiple of 4 scale blocks, bf16
     result; ``scale_b`` ``tilekiln.blockscaled.to_blocked`` of the (G, N, K / block) weight scales and
     ``scale_a`` ``tilekiln.blockscaled.to_blocked_grouped(s, offs)`` of the (total_M, K / block)
-    activation scales, each group's rows padded to a multiple of 128 (docs/runtime.md). Takes
-    torch tensors; not differentiable."""
+    activation scales, each group's rows padded to a multiple of 128 (docs/runtime.md).
+    ``scale_format="blockwise"`` (the sm90 bundles; the DeepSeek-V3 recipe, as ``scaled_gemm``'s): e4m3
+    a and b, K a multiple of 128, bf16 result; ``scale_a`` float32 (total_M, K/128) M-major, one per row
+    of a and 128 K (``quantize_fp8_blockwise(a, (1, 128))``), and ``scale_b`` float32 (G, ceil(N/128),
+    K/128) with K/128 contiguous, one per group and 128x128 block of the (G, N, K) weight (each expert's
+    ``quantize_fp8_blockwise(w[g], (128, 128))``, stacked); each K block's partial sum is promoted with
+    its scales in fp32 (docs/runtime.md, "Blockwise fp8"). Takes torch tensors; not differentiable."""
     fast = _torch_operands(a, b)
     if fast is None:
         raise TypeError("grouped_gemm takes torch tensors (a and b); the operands given are "
@@ -276,7 +281,10 @@ def grouped_gemm_masked(a, b, masked_m, *, scale_a=None, scale_b=None, out=None,
     a[g, :masked_m[g]] @ b[g]`` in out (G, M_max, N), whose other rows are not written. The kernel
     clamps each count into [0, M_max]. fp8, graphs and checks as ``grouped_gemm``; row-wise
     ``scale_a`` is (G, M_max) (or (G, M_max, 1)); with a block-scaled ``scale_format``, ``scale_a`` is
-    ``tilekiln.blockscaled.to_blocked`` of the (G, M_max, K / block) activation scales."""
+    ``tilekiln.blockscaled.to_blocked`` of the (G, M_max, K / block) activation scales; with
+    ``scale_format="blockwise"``, ``scale_a`` is float32 (G, M_max, K/128) with M_max contiguous (stride
+    (s_g, 1, s_k): ``quantize_fp8_blockwise(a.view(-1, K), (1, 128))[1].view(G, M_max, -1)``) and
+    ``scale_b`` as ``grouped_gemm``'s."""
     fast = _torch_operands(a, b)
     if fast is None:
         raise TypeError("grouped_gemm_masked takes torch tensors (a and b); the operands given are "
@@ -325,7 +333,7 @@ def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias
     ``torch.float8_e4m3fn``, which implies per-tensor scales where ``scale_format`` is None); with
     ``offs`` (or ``masked_m``), the kernel ``grouped_gemm(a, b, offs)`` (``grouped_gemm_masked``)
     would run; with ``activation="swiglu"`` too, ``grouped_swiglu(a, w, offs)`` (pass ``a`` and
-    ``w.transpose(1, 2)``), and with ``scale_format="rowwise"`` the row-wise scaled kernels, with
+    ``w.transpose(1, 2)``), and with ``scale_format="rowwise"`` (``"blockwise"``) the row-wise (blockwise) scaled kernels, with
     ``"mxfp8"`` or ``"nvfp4"`` (and the other block-scaled formats) the block-scaled ones; with ``alpha`` or
     ``beta`` (numbers), the kernel ``addmm(input, a, b, beta=, alpha=)`` would run, ``residual`` saying
     whether input fuses (True, or the input tensor itself, whose strides must then be the result's), and
@@ -338,7 +346,7 @@ def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias
         act = "none" if activation is None else getattr(activation, "value", activation)
         if act not in ("none", "swiglu"):
             raise ValueError(f"activation: grouped kernels fuse 'swiglu' (or None), not {activation!r}")
-        if scale_format in (None, "tensor", "rowwise"):
+        if scale_format in (None, "tensor", "rowwise", "blockwise"):
             requested = requested_epilogue(scaling=scale_format or "tensor", activation=act)
         else:
             # A block-scaled format (tilekiln/blockscaled.py) asks for its block scale.

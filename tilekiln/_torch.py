@@ -57,6 +57,7 @@ from tilekiln.blockscaled import (RUNTIME_BLOCK_FORMATS, block_request, check_bl
                                   check_scale_pointers, format_of, grouped_block_format,
                                   requested_format)
 from tilekiln.blockwise import BLOCK, check_scale_tensor, check_scales, scale_format_token
+from tilekiln.blockwise import check_grouped_scales as check_grouped_blockwise_scales
 from tilekiln.bundle import NEUTRAL_VALUES, Bundle, raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
 from tilekiln.problem import addmm_request, requested_epilogue, result_shape, result_strides
@@ -916,10 +917,8 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
     pa, pb = scale_a.data_ptr(), scale_b.data_ptr()
     if block_format is not None:
         check_scale_pointers(scale_a, scale_b)
-    if (blockwise or rowwise) and (pa | pb) & 3:
-        name = "scale_a" if pa & 3 else "scale_b"
-        raise ValueError(f"{name}: data pointer is not 4-byte aligned (a float32 view at an odd byte offset); "
-                         "pass a fresh float32 tensor")
+    if blockwise or rowwise:
+        _check_float_pointers(scale_a, scale_b)
     if fp8_result and scale_result.data_ptr() & 3:
         raise ValueError("scale_result: data pointer is not 4-byte aligned (a float32 view at an odd byte offset); "
                          "pass a fresh float32 tensor")
@@ -927,6 +926,14 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
                   pa, pb, 0 if bias is None else bias.data_ptr(), 0,
                   scale_result.data_ptr() if fp8_result else 0)
     return out
+
+
+def _check_float_pointers(scale_a: Tensor, scale_b: Tensor) -> None:
+    """Scales the kernels read one float32 at a time (row-wise, blockwise) start 4-byte aligned."""
+    for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if scale.data_ptr() & 3:
+            raise ValueError(f"{name}: data pointer is not 4-byte aligned (a float32 view at an odd byte offset); "
+                             "pass a fresh float32 tensor")
 
 
 def _split_k(bundle, plan, a, b, out, stream, scale_a: int = 0, scale_b: int = 0):
@@ -1198,10 +1205,11 @@ def grouped_gemm(bundle, a: Tensor, b: Tensor, rows: Tensor, scale_a, scale_b, o
                  scale_format: str | None = None):
     """``grouped_gemm`` (``rows`` is offs) or, with ``masked``, ``grouped_gemm_masked`` (``rows`` is
     masked_m) for torch tensors; ``activation`` "swiglu": ``grouped_swiglu`` (b's columns interleave
-    gate and up); ``scale_format`` None (per-tensor or row-wise scales, read from their shapes) or a
-    block-scaled format (:func:`grouped_block_format`). Not differentiable."""
+    gate and up); ``scale_format`` None (per-tensor or row-wise scales, read from their shapes),
+    ``"blockwise"`` (tilekiln/blockwise.py, the sm90 blockwise grouped kernels) or a block-scaled format
+    (:func:`grouped_block_format`). Not differentiable."""
     name = ("grouped_swiglu" if activation == "swiglu" else "grouped_gemm") + ("_masked" if masked else "")
-    scale_format = grouped_block_format(scale_format)
+    scale_format = scale_format if scale_format == "blockwise" else grouped_block_format(scale_format)
     if _is_compiling():
         if stream is not None:
             raise TypeError("stream=: not supported while torch.compile traces; make the stream current "
@@ -1235,10 +1243,14 @@ def _grouped_plan(bundle: Bundle, a: Tensor, b: Tensor, rows: Tensor, scale_a, s
                   kernel: str | None, masked: bool, activation: str, scale_format: str | None = None):
     """The plan of a grouped call, after every check of its arguments (the scales' by their format:
     a block-scaled ``scale_format``'s on the CPU, before any kernel is chosen, but for the bundle's
-    arch message)."""
+    arch message; blockwise ones after the operands', their strides going in the plan block)."""
     from tilekiln.grouped import make_grouped_problem, make_masked_problem, plan_grouped
 
-    if scale_format is not None:
+    scale_strides = ()
+    if scale_format == "blockwise":
+        scaling = "blockwise"
+        requested = requested_epilogue(scaling="blockwise", activation=activation)
+    elif scale_format is not None:
         _check_block_kernels(bundle, scale_format)
         check_grouped_block_operands(a, b, scale_format, masked)
         scaling = "block"
@@ -1251,12 +1263,14 @@ def _grouped_plan(bundle: Bundle, a: Tensor, b: Tensor, rows: Tensor, scale_a, s
                    None if out is None else describe(out, "out"), scaling != "none", requested)
     if scaling == "block":
         check_grouped_block_scales(a, b, scale_a, scale_b, scale_format, masked)
+    elif scaling == "blockwise":
+        scale_strides = check_grouped_blockwise_scales(a, b, scale_a, scale_b, masked)
     elif scaling == "tensor":
         for scale_name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
             _check_scale(scale_name, scale, problem.device)
     elif scaling == "rowwise":
         check_grouped_scales(a, b, scale_a, scale_b, masked)
-    return plan_grouped(bundle, problem, kernel)
+    return plan_grouped(bundle, problem, kernel, scale_strides)
 
 
 def run_grouped_gemm(bundle: Bundle, a: Tensor, b: Tensor, rows, scale_a, scale_b, out: Tensor | None, stream,
@@ -1296,7 +1310,9 @@ def run_grouped_gemm(bundle: Bundle, a: Tensor, b: Tensor, rows, scale_a, scale_
     else:
         stage = _stage_for(out, problem.k, stream, keep=True)
         target = out if stage is None else stage
-    if scale_format is not None:
+    if scale_format == "blockwise":
+        _check_float_pointers(scale_a, scale_b)
+    elif scale_format is not None:
         check_scale_pointers(scale_a, scale_b)
     launch_grouped(bundle, plan, a.data_ptr(), b.data_ptr(), target.data_ptr(), rows.data_ptr(),
                    _stream_handle(stream, problem.device), 0 if scale_a is None else scale_a.data_ptr(),

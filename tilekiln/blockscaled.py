@@ -347,14 +347,15 @@ def requested_format(requested: tuple[tuple[str, object], ...], element: torch.d
 
 
 def grouped_block_format(scale_format) -> str | None:
-    """A grouped call's ``scale_format``: None (per-tensor or row-wise scales, as their shapes say,
+    """A grouped call's ``scale_format`` other than ``"blockwise"`` (which the caller takes first,
+    tilekiln/blockwise.py): None (per-tensor or row-wise scales, as their shapes say,
     torch._scaled_grouped_mm's way) or a block-scaled format (mxfp8, nvfp4, ...: the CC 10.x bundles'
     block-scaled grouped kernels, this module); ValueError naming the argument otherwise."""
     if scale_format is None or scale_format in RUNTIME_BLOCK_FORMATS:
         return scale_format
     raise ValueError(f"scale_format: grouped calls read per-tensor or row-wise scales from their shapes (pass None), "
-                     f"or take a block-scaled format ({', '.join(map(repr, RUNTIME_BLOCK_FORMATS))}); got "
-                     f"{scale_format!r}")
+                     f"or take 'blockwise' or a block-scaled format ({', '.join(map(repr, RUNTIME_BLOCK_FORMATS))}); "
+                     f"got {scale_format!r}")
 
 
 def _element_dtype(name: str) -> torch.dtype:

@@ -10,6 +10,11 @@ K-major (``weight.t()`` of an nn.Linear weight (N, K)):
 - ``scale_b``: float32 (ceil(N/128), K/128), one factor per 128x128 block of the weight,
   K/128 contiguous (stride (s, 1); row-major from ``quantize_fp8_blockwise(w, (128, 128))``).
 
+The grouped calls' (``grouped_gemm(..., scale_format="blockwise")`` and the masked layout's) follow
+A's rows and B's groups: ``scale_a`` (total_M, K/128) M-major, as above, or in the masked layout
+(G, M_max, K/128) with M_max contiguous (stride (s_g, 1, s_k)); ``scale_b`` (G, ceil(N/128), K/128)
+with K/128 contiguous (stride (s_g, s_n, 1)), each group's weight scales as above.
+
 Each is read one float32 at a time with ordinary loads, so 4-byte alignment is all either needs
 (no TMA box, no padding of M). K must be a multiple of 128.
 """
@@ -122,8 +127,8 @@ def check_scales(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b) -> tuple[in
 
 
 def check_scale_tensor(name: str, scale, shape: tuple[int, int], unit: int, device, want: str) -> None:
-    """Check one float32 scale matrix of ``shape`` whose dimension ``unit`` is contiguous (where it has
-    more than one element), on ``device`` (the inputs' torch device): TypeError or ValueError naming
+    """Check one float32 scale matrix (or a grouped call's batch of them) of ``shape`` whose dimension
+    ``unit`` is contiguous (where it has more than one element), on ``device`` (the inputs' torch device): TypeError or ValueError naming
     ``name``, saying what was expected (``want``: its shape and layout) and what was wrong."""
     if not isinstance(scale, torch.Tensor):
         raise TypeError(f"{name}: expected a float32 tensor {want}, on the inputs' device; got {type(scale).__name__}")
@@ -138,3 +143,35 @@ def check_scale_tensor(name: str, scale, shape: tuple[int, int], unit: int, devi
         problems.append(f"device {scale.device}")
     if problems:
         raise ValueError(f"{name}: expected a float32 tensor {want}, on the inputs' device; got {', '.join(problems)}")
+
+
+def check_grouped_scales(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b, masked: bool
+                         ) -> tuple[int, int, int, int]:
+    """Check a blockwise grouped call's scales against its operands (already checked: ``a``
+    (total_M, K), or (G, M_max, K) when ``masked``, and ``b`` (G, K, N)); TypeError or ValueError
+    naming the argument. Returns the scales' (lead, batch) strides for the plan block, in the
+    kernels' (rows, K blocks, group) order for scale_a and (N blocks, K blocks, group) for scale_b."""
+    groups, k, n = b.shape
+    if k % BLOCK:
+        raise ValueError(f"a: K = {k} is not a multiple of {BLOCK}; blockwise scaling takes one scale per {BLOCK} "
+                         f"elements of K (pad K with zeros to a multiple of {BLOCK})")
+    kb, nb = k // BLOCK, -(-n // BLOCK)
+    device = a.device
+    if masked:
+        m = a.shape[1]
+        check_scale_tensor("scale_a", scale_a, (groups, m, kb), 1, device,
+                           f"(G, M_max, K/{BLOCK}) = ({groups}, {m}, {kb}) with M_max contiguous "
+                           f"(stride (s_g, 1, s_k)), as quantize_fp8_blockwise(a.view(-1, K), (1, {BLOCK}))[1].view(G, M_max, -1) gives")
+        lead_a, batch_a = scale_a.stride(2), scale_a.stride(0)
+    else:
+        m = a.shape[0]
+        check_scale_tensor("scale_a", scale_a, (m, kb), 0, device,
+                           f"(total_M, K/{BLOCK}) = ({m}, {kb}) M-major (stride (1, s)), as "
+                           f"quantize_fp8_blockwise(a, (1, {BLOCK})) gives")
+        # One matrix: its batch stride is never used.
+        lead_a = scale_a.stride(1)
+        batch_a = lead_a * kb
+    check_scale_tensor("scale_b", scale_b, (groups, nb, kb), 2, device,
+                       f"(G, ceil(N/{BLOCK}), K/{BLOCK}) = ({groups}, {nb}, {kb}) with K/{BLOCK} contiguous (stride "
+                       f"(s_g, s_n, 1)), each group's quantize_fp8_blockwise(weight, ({BLOCK}, {BLOCK})) stacked")
+    return lead_a, batch_a, scale_b.stride(1), scale_b.stride(0)

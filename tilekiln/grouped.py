@@ -23,16 +23,18 @@ new routing.
 The epilogue an expert MLP asks for (``requested``, as GemmProblem.requested): SwiGLU on the
 gate_up GEMM (b's N columns interleave gate and up in blocks of GLU_BLOCK; the result has N/2),
 fused where a kernel computes it, else the GEMM and then torch's pairing (GroupedPlan.unfused);
-and row-wise fp8 scales, scale_a per row of a and scale_b (G, N) per group and column of b, which
-only a kernel with them runs. Block-scaled experts (mxfp8, nvfp4, ...: a ``block_scale`` request)
+row-wise fp8 scales, scale_a per row of a and scale_b (G, N) per group and column of b; and
+blockwise fp8 scales (``scaling`` blockwise: scale_a per row of a and 128 K, scale_b per group and
+128x128 block of b, tilekiln/blockwise.py), each of which only a kernel with them runs. Block-scaled experts (mxfp8, nvfp4, ...: a ``block_scale`` request)
 run only on the block-scaled grouped kernels, their elements and scales checked by
 tilekiln/blockscaled.py.
 
 What is checked on every call, before any launch (a violation raises ``TypeError`` or
 ``ValueError`` naming the argument): every tensor's shape, dtype, device and strides; ``offs``
 or ``masked_m`` int32, 1-D, G entries, contiguous, on the inputs' device, with 1 <= G <=
-MAX_GROUPS (tilekiln/spec.py); the scales (tilekiln/_torch.py, check_grouped_scales). Their values live in device memory and are not checked: the
-kernels clamp each end into [previous end, total_M] and each count into [0, M_max], so values
+MAX_GROUPS (tilekiln/spec.py); the scales (tilekiln/_torch.py, check_grouped_scales; blockwise ones
+tilekiln/blockwise.py, check_grouped_scales). Their values live in device memory and are not checked:
+the kernels clamp each end into [previous end, total_M] and each count into [0, M_max], so values
 that break the contract shorten or empty groups instead of reading or writing out of bounds.
 Rows past the last end, or past a group's count, are not written.
 """
@@ -279,8 +281,12 @@ def choose_grouped_fused(bundle, problem: GroupedProblem, kernel: str | None = N
     return choose_fused(lambda p: choose_grouped(bundle, p), problem)
 
 
-def plan_grouped(bundle, problem: GroupedProblem, kernel: str | None = None) -> GroupedPlan:
-    """The plan of a problem made by :func:`make_grouped_problem` or :func:`make_masked_problem`."""
+def plan_grouped(bundle, problem: GroupedProblem, kernel: str | None = None,
+                 scale_strides: tuple[int, int, int, int] = ()) -> GroupedPlan:
+    """The plan of a problem made by :func:`make_grouped_problem` or :func:`make_masked_problem`.
+    ``scale_strides``: blockwise scales' (lead, batch) strides of scale_a then scale_b
+    (tilekiln/blockwise.py, check_grouped_scales), in elements; empty for per-tensor or row-wise
+    scales, whose strides in the plan block stay zero."""
     if problem.m == 0 or problem.n == 0 or problem.k == 0:
         return GroupedPlan(problem, "", None)
     choice, unfused = choose_grouped_fused(bundle, problem, kernel)
@@ -293,8 +299,7 @@ def plan_grouped(bundle, problem: GroupedProblem, kernel: str | None = None) -> 
     family = FAMILIES[problem.family]
     run = choice.run
     strides = tuple(s for t in family.tensors for s in (getattr(run, t.name).lead, getattr(run, t.name).batch))
-    # Per-tensor or row-wise scales (rule BLOCKWISE): the scales' strides in the plan block stay zero.
-    scales = (0,) * (2 * len(family.scales))
+    scales = scale_strides or (0,) * (2 * len(family.scales))
     static = (*strides, *scales, *(run.extent(e) for e in family.extents), clusters)
     return GroupedPlan(problem, k.id, NativeLibrary.plan_block(family, k.index, problem.device, static),
                        k.contract.base_alignment - 1, run, unfused)

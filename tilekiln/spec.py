@@ -916,10 +916,11 @@ def plain_int(value: Any, what: str, low: int = 0, high: int = MAX_EXTENT) -> in
         raise ValueError(f"{what} is {str(value)[:40]!r}, not an integer in [{low}, {high}]")
     return value
 
-# A grouped kernel's scales are per tensor or row-wise (the BLOCKWISE rule keeps blockwise scaling to
-# "gemm"); the block extents only lay out the plan block, whose scale strides stay zero. Row-wise, as
-# torch._scaled_grouped_mm takes them: scale_b (G, N), one per group and column of B; scale_a one per
-# row of A, (total_M,) in the contiguous layout and (G, M_max) in the masked one.
+# A grouped kernel's scales: per tensor; row-wise, as torch._scaled_grouped_mm takes them: scale_b
+# (G, N), one per group and column of B, scale_a one per row of A, (total_M,) in the contiguous layout
+# and (G, M_max) in the masked one; blockwise: scale_b (G, ceil(N/128), K/128), one per group and
+# 128x128 block of B, K/128 contiguous, scale_a one per row of A and 128 K, (total_M, K/128) or
+# (G, M_max, K/128), rows contiguous (docs/runtime.md, "Blockwise fp8").
 GROUPED_SCALE_B = ScaleArg("scale_b", ("nb", "kb", "g"), 1, ("n", "g"))
 
 FAMILIES: dict[str, Family] = {

@@ -9,7 +9,8 @@ system and recorded. Outputs are poisoned with NaN first, so an element the
 kernel leaves unwritten fails. The fp32-result kernels run as split-K (bf16)
 and, for fp8, straight into a float32 result. Blockwise-scaled kernels run
 on inputs quantized by ``quantize_fp8_blockwise`` (K rounded up to a multiple
-of 128), against the product of the dequantized inputs; row-wise-scaled ones on
+of 128), against the product of the dequantized inputs (grouped ones on the grouped routings,
+each group's weight quantized on its own); row-wise-scaled ones on
 fresh (M, 1) and (1, N) scales (grouped ones on scales per row and per group and column); fp8-result (e4m3 C) ones with a scale_result
 that saturates the largest values, against the float64 reference saturated
 and rounded to e4m3; residual kernels on a fresh residual, once into a
@@ -166,6 +167,9 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
     scale_a, scale_b = (torch.tensor([s], device="cuda") for s in SCALES)
     if cfg.family != "gemm" and _block_format(cfg) is not None:
         yield from _block_scaled_grouped_runs(torch, bundle, kernel, gen, _block_format(cfg))
+        return
+    if cfg.family != "gemm" and cfg.scaling is Scaling.BLOCKWISE:
+        yield from _grouped_blockwise_runs(torch, bundle, kernel, gen)
         return
     if cfg.family != "gemm":
         yield from _grouped_runs(torch, bundle, kernel, gen, dtype, out_dtype, (scale_a, scale_b) if fp8 else None)
@@ -354,6 +358,49 @@ def _grouped_runs(torch, bundle, kernel: KernelRecord, gen, dtype, out_dtype, sc
                                     activation=activation)
             starts = [0, *ends.tolist()[:-1]]
             yield what, out, torch.cat([product(g, a[s:s + r]) for g, (s, r) in enumerate(zip(starts, rows))])
+
+
+def _grouped_blockwise_runs(torch, bundle, kernel: KernelRecord, gen):
+    """Runs of a blockwise grouped kernel on the routings of GROUP_ROWS, K rounded up to a multiple of
+    the scale block: a's rows and each group's weight quantized by quantize_fp8_blockwise, against the
+    per-group float64 product of the dequantized inputs; rows a masked call must not write are
+    checked to hold the NaN they were poisoned with."""
+    from tilekiln import _torch
+    from tilekiln.blockwise import dequantize, quantize_fp8_blockwise
+
+    masked = kernel.config.family == "grouped_masked"
+    rows_block, weight_block = (1, BLOCKWISE_BLOCK), (BLOCKWISE_BLOCK, BLOCKWISE_BLOCK)
+    for (n, k), rows in zip(GROUP_NK, GROUP_ROWS):
+        k = -(-k // BLOCKWISE_BLOCK) * BLOCKWISE_BLOCK
+        groups, slots = len(rows), max(rows)
+        weights = [quantize_fp8_blockwise(torch.randn(n, k, device="cuda", generator=gen), weight_block)
+                   for _ in range(groups)]
+        w8, sb = torch.stack([w for w, _ in weights]), torch.stack([s for _, s in weights])
+        w64 = [dequantize(w, s, weight_block) for w, s in weights]
+        a8, sa = quantize_fp8_blockwise(
+            torch.randn(groups * slots if masked else sum(rows), k, device="cuda", generator=gen), rows_block)
+        a64 = dequantize(a8, sa, rows_block)
+        what = f"{kernel.id} {groups} groups of {'/'.join(map(str, rows))} rows, N {n}, K {k}"
+        if masked:
+            # Each group's rows in its own slot of a, and its scales' rows in the same slot.
+            a8, a64 = a8.view(groups, slots, k), a64.view(groups, slots, k)
+            sa = sa.view(groups, slots, k // BLOCKWISE_BLOCK)
+            counts = torch.tensor(rows, dtype=torch.int32, device="cuda")
+            out = _poisoned(torch, (groups, slots, n), torch.bfloat16)
+            _torch.run_grouped_gemm(bundle, a8, w8.transpose(1, 2), counts, sa, sb, out, None, kernel.id,
+                                    masked=True, scale_format="blockwise")
+            got = torch.cat([out[g, :r] for g, r in enumerate(rows)])
+            ref = torch.cat([a64[g, :r] @ w64[g].t() for g, r in enumerate(rows)])
+            if not all(torch.isnan(out[g, r:]).all() for g, r in enumerate(rows)):
+                got = torch.full_like(got, float("nan"))  # a row past masked_m was written
+            yield what, got, ref
+        else:
+            ends = torch.tensor(rows, device="cuda").cumsum(0).to(torch.int32)
+            out = _poisoned(torch, (sum(rows), n), torch.bfloat16)
+            _torch.run_grouped_gemm(bundle, a8, w8.transpose(1, 2), ends, sa, sb, out, None, kernel.id,
+                                    scale_format="blockwise")
+            starts = [0, *ends.tolist()[:-1]]
+            yield what, out, torch.cat([a64[s:s + r] @ w64[g].t() for g, (s, r) in enumerate(zip(starts, rows))])
 
 
 def verify_kernel(torch, bundle, kernel: KernelRecord, seed: int) -> KernelResult:

@@ -237,8 +237,9 @@ def test_malformed_grouped_operands_are_refused_naming_the_argument(name, change
 def test_a_grouped_scale_format_is_none_or_block_scaled():
     assert bs.grouped_block_format(None) is None and bs.grouped_block_format("nvfp4") == "nvfp4"
     with pytest.raises(ValueError, match=r"scale_format: grouped calls read per-tensor or row-wise scales from their "
-                                         r"shapes \(pass None\), or take a block-scaled format \('mxfp8'"):
-        bs.grouped_block_format("blockwise")
+                                         r"shapes \(pass None\), or take 'blockwise' or a block-scaled format "
+                                         r"\('mxfp8'"):
+        bs.grouped_block_format("columnwise")
 
 
 # -- kernel choice and the arch message ------------------------------------------------------------

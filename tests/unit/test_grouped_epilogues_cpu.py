@@ -261,9 +261,12 @@ def test_explain_says_whether_swiglu_and_row_wise_scales_are_fused(tmp_path):
         assert masked.kernel.id == MASKED_GATED.id
         with pytest.raises(ValueError, match="activation: grouped kernels fuse 'swiglu'"):
             tilekiln.explain(a, w.transpose(1, 2), offs=rows, activation="silu", bundle=fp8)
+        # Blockwise scales run only on a blockwise kernel, which this bundle lacks.
+        assert tilekiln.explain(a8, w8.transpose(1, 2), offs=rows, scale_format="blockwise",
+                                bundle=fp8).kernel is None
         with pytest.raises(ValueError, match="scale_format: grouped calls read per-tensor or row-wise scales from "
                                              "their shapes"):
-            tilekiln.explain(a8, w8.transpose(1, 2), offs=rows, scale_format="blockwise", bundle=fp8)
+            tilekiln.explain(a8, w8.transpose(1, 2), offs=rows, scale_format="columnwise", bundle=fp8)
 
 
 def test_the_grouped_swiglu_operators_trace_as_one_node_with_half_the_columns(tmp_path):

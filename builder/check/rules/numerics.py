@@ -183,10 +183,6 @@ def check_blockwise(ctx: KernelContext) -> Iterator[Diagnostic]:
                        f"blockwise scaling reads A (M, K) and B (N, K) both K-major, unswapped; got layout "
                        f"{cfg.layout.code}{' with swap_ab' if cfg.swap_ab else ''}",
                        "use layout tn without swap_ab", layout=cfg.layout.code, swap_ab=cfg.swap_ab)
-    if cfg.family != "gemm":
-        yield ctx.diag("BLOCKWISE", "scaling", f"blockwise scaling is built for the dense gemm family, not "
-                       f"{cfg.family}: its scales' strides and the promotion are the gemm template's",
-                       "use scaling: tensor for this family", family=cfg.family)
 
 
 # The outputs a bias kernel writes: the epilogue adds the bias to the scaled fp32 accumulator
