@@ -1296,6 +1296,7 @@ def run_grouped_gemm(bundle: Bundle, a: Tensor, b: Tensor, rows, scale_a, scale_
         bundle.remember(key, plan)
     problem = plan.problem
     dtype = torch.bfloat16 if problem.out_dtype == "bf16" else a.dtype
+    given = out is not None  # only a caller's out can have row padding that is not tilekiln's
     if out is None:
         out = _allocate(problem.out_shape, problem.k, dtype, a.device)
     if plan.block is None:
@@ -1307,7 +1308,7 @@ def run_grouped_gemm(bundle: Bundle, a: Tensor, b: Tensor, rows, scale_a, scale_
     if plan.unfused:
         with _on_stream(stream, problem.device):
             target = _allocate(plan.run.out_shape, problem.k, dtype, a.device).zero_()
-    else:
+    elif given:
         stage = _stage_for(out, problem.k, stream, keep=True)
         target = out if stage is None else stage
     if scale_format == "blockwise":
