@@ -21,9 +21,11 @@ from dataclasses import replace
 from tilekiln.problem import GemmProblem, Layout2, padded_lead
 from tilekiln.spec import itemsize
 
-SPLITS = (2, 3, 4, 6, 8)
+# Seven and fourteen slices serve the K of 7 x 2^k that LLM widths share (DeepSeek-V3's 7168,
+# Llama's 14336 and 28672), which no power of two divides into enough slices.
+SPLITS = (2, 3, 4, 6, 7, 8, 12, 14, 16)
 # Shallower slices make the workspace round trip cost more than the extra CTAs buy.
-MIN_SLICE_K = 1024
+MIN_SLICE_K = 512
 # The analytic model's price for the workspace round trip and the two extra
 # launches of the sum; measured choices (`tilekiln tune`) replace it.
 SPLIT_OVERHEAD = 1.25

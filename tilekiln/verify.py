@@ -61,7 +61,7 @@ SHAPES = ((1, 512, 512, 256), (1, 1000, 1032, 520), (3, 264, 136, 72), (1, 8, 8,
           (1, 4096, 4096, 4096))
 # The fp32-partial kernels run as split-K: (M, N, K, slices); each slice holds at least
 # tilekiln.splitk.MIN_SLICE_K of K.
-SPLIT_SHAPES = ((1000, 1032, 4096, 2), (64, 520, 8192, 8))
+SPLIT_SHAPES = ((1000, 1032, 4096, 2), (64, 520, 8192, 8), (23, 576, 7168, 14))
 FP8 = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 HALF = {"bf16": "bfloat16", "f16": "float16"}
 SCALES = (0.5, 0.25)

@@ -170,7 +170,7 @@ def test_k_slices_are_batch_views_of_the_operands():
 
 def test_problems_that_cannot_be_split():
     assert sliced(tn(16, 8192, 8190), 4) is None  # K not divisible
-    assert sliced(tn(16, 8192, 4096), 8) is None  # slices shallower than MIN_SLICE_K
+    assert sliced(tn(16, 8192, 4096), 16) is None  # slices shallower than MIN_SLICE_K
     assert sliced(tn(16, 8192, 8192, batch=2), 2) is None  # already batched
     assert sliced(tn(8192, 8192, 8192), 2) is None  # the workspace would exceed its bound
 
