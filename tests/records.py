@@ -8,8 +8,9 @@ import json
 from pathlib import Path
 
 from tilekiln._tensors import Operand
-from tilekiln.manifest import (ABI_VERSION, MANIFEST_NAME, BundleInfo, DriverFloor, Manifest, Provenance, TuningTable,
-                               manifest_digest)
+from tilekiln.manifest import (ABI_VERSION, MANIFEST_NAME, BundleInfo, DriverFloor, Manifest, Provenance, Sku,
+                               TuningTable, manifest_digest)
+from tilekiln.tuning.sku import TablePick
 from tilekiln.spec import (MAX_EXTENT, Activation, Bias, Blob, CatalogRef, Cluster, Contract, DType, DTypes, KernelRecord,
                            Layout, Residual, Resources, Scalars, Scaling, Scheduler, Symbols, TemplateRef, Tile,
                            Verified)
@@ -37,15 +38,28 @@ def kernel_record(index: int, kernel_id: str, tile: tuple[int, int, int], cluste
         verified_on=tuple(Verified(sku, "2026-12-06", "580.159.04", 0.003) for sku in verified_on))
 
 
+# The cards the runtime tests simulate, with the figures torch reports for them (name, compute
+# capability, multi_processor_count, total_memory // 2**20).
+H200 = Sku("NVIDIA H200", (9, 0), 132, 143156)
+H100_SXM = Sku("NVIDIA H100 80GB HBM3", (9, 0), 132, 81089)
+H100_PCIE = Sku("NVIDIA H100 PCIe", (9, 0), 114, 81008)
+
+
+def pick(tuning: dict[str, str] | None = None) -> TablePick:
+    """What a simulated H200 selects by: ``tuning`` as its own table, or no table."""
+    return TablePick(H200, TuningTable(H200, tuple(sorted(tuning.items()))), True) if tuning else TablePick(H200, None)
+
+
 def manifest(kernels: tuple[KernelRecord, ...] = (), tuning: dict[str, str] | None = None) -> Manifest:
-    """An sm_90a bundle's manifest holding ``kernels``."""
+    """An sm_90a bundle's manifest holding ``kernels``, and ``tuning`` as the build-time table of
+    an H200 (the device the runtime tests simulate)."""
     return Manifest(
         schema_version="2.1",
         bundle=BundleInfo("sm90a", "0.1.0", "sm_90a", "a", (9, 0), ABI_VERSION, ">=0.5,<0.6",
                           DriverFloor(13000, "580.65.06"), "2.28"),
         library="lib/lib.so", files=(("lib/lib.so", "0" * 64),), kernels=tuple(kernels), toolchain=(),
         provenance=Provenance("unknown", "x86_64-linux", ()),
-        tuning=TuningTable("test", tuple(sorted(tuning.items()))) if tuning else None)
+        tuning_tables=(TuningTable(H200, tuple(sorted(tuning.items()))),) if tuning else ())
 
 
 def write_bundle(directory: Path, kernels: tuple[KernelRecord, ...] = (), tuning: dict[str, str] | None = None,

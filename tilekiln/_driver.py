@@ -1,7 +1,8 @@
 """The few NVIDIA driver calls the runtime makes without a bundle library.
 
 Used for inputs that are not torch tensors (which pointer lives on which
-device) and to describe the visible GPUs in error messages. libcuda is
+device), to describe the visible GPUs in error messages, and for the name and
+memory of a device that pick its tuning table (tilekiln/tuning/sku.py). libcuda is
 opened on first use; a machine without the driver gets a clear error.
 """
 
@@ -57,14 +58,37 @@ def pointer_device(ptr: int) -> int:
     return value.value if status == 0 else -1
 
 
-def compute_capability(device: int) -> tuple[int, int]:
-    lib = _lib()
-    dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+def _device(lib, device: int) -> ctypes.c_int:
+    dev = ctypes.c_int()
     if lib.cuDeviceGet(ctypes.byref(dev), device) != 0:
         raise DriverUnavailable(f"no CUDA device {device}")
+    return dev
+
+
+def compute_capability(device: int) -> tuple[int, int]:
+    lib = _lib()
+    dev, major, minor = _device(lib, device), ctypes.c_int(), ctypes.c_int()
     lib.cuDeviceGetAttribute(ctypes.byref(major), CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
     lib.cuDeviceGetAttribute(ctypes.byref(minor), CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
     return major.value, minor.value
+
+
+def device_name(device: int) -> str:
+    """cuDeviceGetName: the name torch.cuda.get_device_name reports, e.g. "NVIDIA H200"."""
+    lib = _lib()
+    name = ctypes.create_string_buffer(256)
+    if lib.cuDeviceGetName(name, len(name), _device(lib, device)) != 0:
+        raise DriverUnavailable(f"cuDeviceGetName failed for CUDA device {device}")
+    return name.value.decode(errors="replace")
+
+
+def memory_mib(device: int) -> int:
+    """cuDeviceTotalMem in MiB: torch.cuda.get_device_properties(device).total_memory // 2**20."""
+    lib = _lib()
+    total = ctypes.c_size_t()
+    if lib.cuDeviceTotalMem_v2(ctypes.byref(total), _device(lib, device)) != 0:
+        raise DriverUnavailable(f"cuDeviceTotalMem failed for CUDA device {device}")
+    return total.value >> 20
 
 
 def zero_2d(ptr: int, pitch_bytes: int, width_bytes: int, height: int, stream: int) -> None:

@@ -13,9 +13,10 @@ the hot path checks a set membership before taking it. Launches need no
 lock: the argument block is per thread and the C launcher keeps no state.
 Plans (validated problem + chosen kernel + packed static arguments) are
 cached per operand signature, so a repeated call pays a dictionary look-up,
-the pointer reads and one ctypes call. The tuning table is read when the
+the pointer reads and one ctypes call. The tuning tables are read when the
 Bundle is made and again only when :meth:`Bundle.reload_tuning` is called,
-which replaces the table and the plan cache as a whole.
+which replaces the tables, each device's pick of them and the plan cache as a
+whole.
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ from tilekiln._native import NativeLibrary
 from tilekiln._tensors import Operand, contiguous_strides, describe, is_torch_tensor, transposed
 from tilekiln.compat import arch_runs_on, require_driver, wrong_device
 from tilekiln.errors import BundleError, LaunchError, NoKernelError
-from tilekiln.manifest import Manifest, VerifiedBundle, read_bundle
+from tilekiln.manifest import Manifest, Sku, VerifiedBundle, read_bundle
 from tilekiln.signing import require_signature, trust_for
 from tilekiln.spec import FAMILIES, KernelRecord
 from tilekiln.problem import GemmProblem, make_problem
 from tilekiln.select import Choice, choose, choose_fused, nominal_clusters
 from tilekiln.splitk import SPLITS, parse_label
-from tilekiln.tuning.table import overlay, read_tuning_file
+from tilekiln.tuning.sku import TablePick, pick_table
+from tilekiln.tuning.table import overlay_tables, read_tuning_file
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,13 @@ class DeviceInfo:
     ordinal: int
     compute_capability: tuple[int, int]
     sm_count: int
+    name: str  # as torch.cuda.get_device_name reports it
+    memory_mib: int
+
+    @property
+    def sku(self) -> Sku:
+        """The GPU model, which picks the device's tuning table (tilekiln/tuning/sku.py)."""
+        return Sku(self.name, self.compute_capability, self.sm_count, self.memory_mib)
 
 
 @dataclass(frozen=True)
@@ -104,10 +113,11 @@ class Bundle:
     ask, so with ``device_query`` alone the cluster count is the nominal
     SM count / cluster size.
 
-    Kernels are selected by ``tuning``: the manifest's build-time table with the
-    buckets of the bundle's tuning file (``tuning_file``, written by ``tilekiln tune``;
-    tilekiln/tuning/table.py) in place of its own. Making a Bundle reads that file
-    and raises :class:`BundleIntegrityError` if it is damaged.
+    Kernels are selected by ``tables``: the manifest's build-time tables, one per SKU, each
+    with the buckets of the same device's table in the bundle's tuning file (``tuning_file``,
+    written by ``tilekiln tune``; tilekiln/tuning/table.py) in place of its own. Each device
+    selects by the table of its own SKU, else the nearest SKU's (:meth:`table_for`). Making a
+    Bundle reads that file and raises :class:`BundleIntegrityError` if it is damaged.
 
     ``verified``: what :func:`tilekiln.manifest.read_bundle` read of the directory, whose
     library bytes the Bundle opens; a Bundle made without (a test's, from a manifest alone)
@@ -133,6 +143,7 @@ class Bundle:
         self._ready: set[tuple[int, int]] = set()
         self._devices: dict[int, DeviceInfo] = {}
         self._plans: dict[tuple, Plan] = {}
+        self._picks: dict[int, TablePick] = {}
         self.reload_tuning()
 
     @classmethod
@@ -157,12 +168,20 @@ class Bundle:
         files on every call. A plan being made on another thread meanwhile may still be cached
         under the old table."""
         measured = read_tuning_file(self.directory, self.manifest)
-        tuning = overlay(self.manifest.tuning, measured)
         with self._lock:
             self.tuning_file = measured
-            self.tuning = tuning
-            self._tuning = dict(tuning.table) if tuning else {}
+            self.tables = overlay_tables(self.manifest.tuning_tables, measured)
+            self._picks = {}
             self._plans = {}
+
+    def table_for(self, ordinal: int) -> TablePick:
+        """The tuning table device ``ordinal`` selects by: its SKU's, else the nearest SKU's, else
+        none (tilekiln/tuning/sku.py); picked once per device until :meth:`reload_tuning`."""
+        pick = self._picks.get(ordinal)
+        if pick is None:
+            pick = pick_table(self.tables, self.device(ordinal).sku)
+            self._picks[ordinal] = pick
+        return pick
 
     def __repr__(self) -> str:
         return f"<tilekiln bundle {self.name} {self.version} ({self.arch}, {len(self.kernels)} kernels)>"
@@ -228,6 +247,8 @@ class Bundle:
                                info.compute_capability, describe_installed(info.compute_capability))
 
     def _query_device(self, ordinal: int) -> DeviceInfo:
+        from tilekiln._driver import DriverUnavailable, device_name, memory_mib
+
         lib = self._library()
         values = []
         for attr in (_native.ATTR_COMPUTE_CAPABILITY_MAJOR, _native.ATTR_COMPUTE_CAPABILITY_MINOR,
@@ -237,7 +258,11 @@ class Bundle:
                 raise BundleError(f"cannot query cuda:{ordinal}: {lib.error_name(status)} "
                                   f"({lib.error_string(status)})")
             values.append(value)
-        return DeviceInfo(ordinal, (values[0], values[1]), values[2])
+        try:
+            name, memory = device_name(ordinal), memory_mib(ordinal)
+        except DriverUnavailable as exc:
+            raise BundleError(f"cannot query cuda:{ordinal}: {exc}") from None
+        return DeviceInfo(ordinal, (values[0], values[1]), values[2], name, memory)
 
     def resident_clusters(self, kernel: KernelRecord, device: int) -> int:
         """How many clusters of ``kernel`` a persistent launch on ``device`` starts: as many as
@@ -352,7 +377,7 @@ class Bundle:
             if not kernels:
                 raise NoKernelError(f"kernel={kernel!r}: bundle {self.name} has no such kernel")
         device = problem.device
-        return choose(kernels, problem, self.device(device).sm_count, self._tuning, splits,
+        return choose(kernels, problem, self.device(device).sm_count, self.table_for(device), splits,
                       lambda k: self.resident_clusters(k, device))
 
     def explain(self, a, b, out=None, out_dtype: str | None = None, backward: bool | None = None,

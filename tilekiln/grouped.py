@@ -267,7 +267,7 @@ def choose_grouped(bundle, problem: GroupedProblem, kernel: str | None = None) -
         if not kernels:
             raise NoKernelError(f"kernel={kernel!r}: bundle {bundle.name} has no such kernel")
     device = problem.device
-    return choose(kernels, problem, bundle.device(device).sm_count, bundle._tuning, (1,),
+    return choose(kernels, problem, bundle.device(device).sm_count, bundle.table_for(device), (1,),
                   lambda k: bundle.resident_clusters(k, device))
 
 

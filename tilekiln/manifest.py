@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,22 +73,79 @@ class Provenance:
 
 
 @dataclass(frozen=True)
-class TuningTable:
-    """Measured choices per shape bucket (tilekiln/select.py), from ``tilekiln tune``: the
-    manifest's build-time ``tuning`` and a bundle's tuning file (tilekiln/tuning/table.py)."""
+class Sku:
+    """A GPU model as the driver describes it: what a tuning table was measured on, and what
+    finds the nearest SKU's table for a device that has none of its own (tilekiln/tuning/sku.py).
+    A table read from a manifest of schema 2.6 or older states only its device name, so its
+    SM count and memory are None there (unknown: they rank after every known value)."""
 
-    device: str
-    table: tuple[tuple[str, str], ...]  # (shape bucket, choice label), sorted
-    measurements: tuple[tuple[str, dict], ...] = ()
+    name: str  # cuDeviceGetName, as torch.cuda.get_device_name reports it: "NVIDIA H100 80GB HBM3"
+    compute_capability: tuple[int, int]
+    sm_count: int | None  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+    memory_mib: int | None  # cuDeviceTotalMem // 2**20 (torch's total_memory // 2**20)
 
     def plain(self) -> dict:
-        return {"device": self.device, "table": dict(self.table), "measurements": dict(self.measurements)}
+        return {"device": self.name, "compute_capability": list(self.compute_capability),
+                "sm_count": self.sm_count, "memory_mib": self.memory_mib}
+
+    @classmethod
+    def from_plain(cls, data: dict) -> Sku:
+        cc = data["compute_capability"]
+        if not isinstance(cc, list) or len(cc) != 2:
+            raise ValueError(f"compute_capability {cc!r} is not [major, minor]")
+        return cls(str(data["device"]), (plain_int(cc[0], "compute_capability"), plain_int(cc[1], "compute_capability")),
+                   plain_int(data["sm_count"], "sm_count", 1), plain_int(data["memory_mib"], "memory_mib", 1))
+
+
+@dataclass(frozen=True)
+class TuningTable:
+    """Measured choices per shape bucket (tilekiln/select.py) on one SKU, from ``tilekiln tune``:
+    one of the manifest's build-time ``tuning_tables`` or of a bundle's tuning file
+    (tilekiln/tuning/table.py). ``model``: the selector model's parameters fitted on this SKU
+    (named floats), carried as they are; an empty tuple writes no ``model`` key."""
+
+    sku: Sku
+    table: tuple[tuple[str, str], ...]  # (shape bucket, choice label), sorted
+    measurements: tuple[tuple[str, dict], ...] = ()
+    model: tuple[tuple[str, float], ...] = ()  # (parameter name, value), sorted
+
+    @property
+    def device(self) -> str:
+        return self.sku.name
+
+    def plain(self) -> dict:
+        data = {**self.sku.plain(), "table": dict(self.table), "measurements": dict(self.measurements)}
+        if self.model:
+            data["model"] = dict(self.model)
+        return data
 
     @classmethod
     def from_plain(cls, data: dict) -> TuningTable:
-        return cls(str(data.get("device", "unknown")),
-                   tuple(sorted((str(b), str(c)) for b, c in data.get("table", {}).items())),
+        return cls(Sku.from_plain(data), _table(data), tuple(sorted(data.get("measurements", {}).items())),
+                   _model(data.get("model", {})))
+
+    @classmethod
+    def from_plain_2_6(cls, data: dict, compute_capability: tuple[int, int]) -> TuningTable:
+        """The single ``tuning`` table of a manifest of schema 2.6 or older, which names its device
+        and nothing else of it; it was measured on a device that runs the bundle, whose compute
+        capability is the bundle's."""
+        return cls(Sku(str(data.get("device", "unknown")), compute_capability, None, None), _table(data),
                    tuple(sorted(data.get("measurements", {}).items())))
+
+
+def _table(data: dict) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((str(b), str(c)) for b, c in data.get("table", {}).items()))
+
+
+def _model(data: dict) -> tuple[tuple[str, float], ...]:
+    if not isinstance(data, dict):
+        raise ValueError(f"model {data!r} is not an object of named numbers")
+    out = []
+    for name, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"model.{name}: {value!r} is not a finite number")
+        out.append((str(name), float(value)))
+    return tuple(sorted(out))
 
 
 @dataclass(frozen=True)
@@ -101,7 +159,8 @@ class Manifest:
     kernels: tuple[KernelRecord, ...]
     toolchain: tuple[tuple[str, str], ...]
     provenance: Provenance
-    tuning: TuningTable | None = None  # the build-time table; Bundle.tuning adds the tuning file's
+    # The build-time tables, one per SKU, sorted by device name; Bundle.tables adds the tuning file's.
+    tuning_tables: tuple[TuningTable, ...] = ()
     sha256: str = ""  # integrity.manifest_sha256 as read ("" until the writer adds it); not in plain()
 
     @property
@@ -143,8 +202,8 @@ class Manifest:
             "provenance": {**dataclasses.asdict(self.provenance),
                            "catalog_files": list(self.provenance.catalog_files)},
         }
-        if self.tuning is not None:
-            data["tuning"] = self.tuning.plain()
+        if self.tuning_tables:
+            data["tuning_tables"] = [t.plain() for t in self.tuning_tables]
         return data
 
     @classmethod
@@ -176,9 +235,24 @@ class Manifest:
             toolchain=tuple(sorted((str(k), str(v)) for k, v in data["toolchain"].items())),
             provenance=Provenance(**{**data["provenance"],
                                      "catalog_files": tuple(data["provenance"]["catalog_files"])}),
-            tuning=TuningTable.from_plain(data["tuning"]) if "tuning" in data else None,
+            tuning_tables=_tuning_tables(data, b["compute_capability"]),
             sha256=str(integrity.get("manifest_sha256", "")) if isinstance(integrity, dict) else "",
         )
+
+
+def _tuning_tables(data: dict, compute_capability: list) -> tuple[TuningTable, ...]:
+    """Schema 2.7 and newer: ``tuning_tables``, one per SKU. Up to 2.6: the single ``tuning``
+    table (:meth:`TuningTable.from_plain_2_6`); a runtime still reads those bundles."""
+    if "tuning_tables" in data:
+        tables = tuple(sorted((TuningTable.from_plain(t) for t in data["tuning_tables"]), key=lambda t: t.device))
+        names = [t.device for t in tables]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tuning_tables: two tables of one device ({', '.join(names)})")
+        return tables
+    if "tuning" in data:
+        return (TuningTable.from_plain_2_6(data["tuning"], (plain_int(compute_capability[0], "compute_capability"),
+                                                            plain_int(compute_capability[1], "compute_capability"))),)
+    return ()
 
 
 def canonical_json(data: dict) -> bytes:

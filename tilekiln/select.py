@@ -2,9 +2,10 @@
 
 Cheapest checks first: dtype, operand majorness, then the kernel's contract
 (stride divisibility for 16-byte TMA rows, index range). Among the kernels
-that accept the problem, a measured choice from the bundle's tuning table
-wins if one exists for the problem's shape bucket; otherwise the analytic
-model estimates the time of each:
+that accept the problem, a measured choice from the tuning table of the
+device's SKU (or the nearest SKU's: tilekiln/tuning/sku.py) wins if one exists
+for the problem's shape bucket; otherwise the analytic model estimates the
+time of each:
 
     time ~ waves x (CTA tile work / per-CTA efficiency + a wave's DRAM bytes x cost per byte)
 
@@ -41,6 +42,7 @@ from typing import Callable
 from tilekiln.problem import GemmProblem, gated, ungated
 from tilekiln.spec import FAMILIES, GLU_BLOCK, KernelRecord, Scheduler, requested_fields
 from tilekiln.splitk import PARTIAL_DTYPE, SPLIT_OVERHEAD, label, sliced
+from tilekiln.tuning.sku import TablePick
 
 # The model's reuse term: tile intensity m*n/(m+n) over itself plus this
 # constant (elements). With 20, 128x256 tiles rank above 128x128 above 64x128,
@@ -90,14 +92,16 @@ class Choice:
     split: int = 1
     run: GemmProblem | None = None
     notes: tuple[str, ...] = ()  # further lines for explain, such as what the backward GEMMs run on
+    decided: str = ""  # which SKU's table decided, or why the model did (tilekiln/tuning/sku.py)
 
     @property
     def label(self) -> str:
         return label(self.kernel.id, self.split) if self.kernel else "none"
 
     def __str__(self) -> str:
-        lines = [f"chosen: {self.label} ({self.how}; {self.kernel.verification_label})" if self.kernel else
-                 f"chosen: {self.label} ({self.how})"]
+        how = f"{self.how}: {self.decided}" if self.decided else self.how
+        lines = [f"chosen: {self.label} ({how}; {self.kernel.verification_label})" if self.kernel else
+                 f"chosen: {self.label} ({how})"]
         for c in sorted(self.candidates, key=lambda c: (not c.accepted, *_model_rank(c))):
             mark = "accept" if c.accepted else "reject"
             est = f" estimate {c.estimate:.3g}" if c.accepted else ""
@@ -213,11 +217,12 @@ def estimate(kernel: KernelRecord, problem: GemmProblem, resident: int) -> float
 
 
 def choose(kernels: tuple[KernelRecord, ...], problem: GemmProblem, sm_count: int,
-           tuning: dict[str, str], splits: tuple[int, ...] = (1,),
+           tuning: TablePick, splits: tuple[int, ...] = (1,),
            resident: Callable[[KernelRecord], int] | None = None) -> Choice:
-    """The kernel (and K split, among ``splits``) for ``problem``: tuned if the table names an
-    accepted candidate for its bucket, else the model's best. ``resident``: how many clusters
-    of a kernel the device holds at once (default :func:`nominal_clusters`)."""
+    """The kernel (and K split, among ``splits``) for ``problem``: tuned if the device's table
+    (``tuning``: tilekiln/tuning/sku.py) names an accepted candidate for its bucket, else the
+    model's best. ``resident``: how many clusters of a kernel the device holds at once (default
+    :func:`nominal_clusters`)."""
     if resident is None:
         def resident(k: KernelRecord) -> int:
             return nominal_clusters(k, sm_count)
@@ -239,10 +244,11 @@ def choose(kernels: tuple[KernelRecord, ...], problem: GemmProblem, sm_count: in
     accepted = [c for c in candidates if c.accepted]
     if not accepted:
         return Choice(None, "none", tuple(candidates))
-    tuned_label = tuning.get(shape_bucket(problem, layout_code(problem)))
+    bucket = shape_bucket(problem, layout_code(problem))
+    tuned_label = tuning.buckets.get(bucket)
     tuned = [c for c in accepted if c.label == tuned_label]
     best, how = (tuned[0], "tuned") if tuned else (min(accepted, key=_model_rank), "model")
-    return Choice(best.kernel, how, tuple(candidates), best.split, best.run)
+    return Choice(best.kernel, how, tuple(candidates), best.split, best.run, decided=tuning.decided(bool(tuned), bucket))
 
 
 def _model_rank(c: Candidate) -> tuple:

@@ -2,30 +2,34 @@
 
     python3 -m tilekiln.tune BUNDLE_DIR [--shapes 4096x4096x4096,...] [--model config.json ...]
                              [--dtype bf16|f16|e4m3] [--iters N] [--settle-ms MS]
-                             [--table-out catalog/tuning/<bundle>.json]
+                             [--table-out catalog/tuning/<bundle>/<device>.json]
 
 ``--model`` (repeatable) adds every linear layer of a Hugging Face style config at the tuning
 half of the token grid (tilekiln/tuning/models.py), so the held-out half stays unseen for
 bench/sweep.py.
 
-Runs on a GPU with torch; tilekiln/tuning/policy.py says what it measures and
-tilekiln/tuning/timing.py how. After every shape, the buckets measured so far
-are written to the bundle's tuning file, ``BUNDLE_DIR/tuning.json``
-(tilekiln/tuning/table.py), over what earlier tunes of the bundle wrote
-there; the manifest, which the build wrote and hashed, is left as it is. The
-runtime then prefers the tuned kernel for every problem in those buckets
-whose contract it accepts: a process that opens the bundle reads the file,
-and this process's open Bundle is told to read it again
-(``Bundle.reload_tuning``). ``--table-out`` also writes the whole table the
-bundle now selects by (its build-time table with the file's buckets over
-it): committed as ``catalog/tuning/<bundle>.json``, every later build ships
-it (builder/package/manifest.py).
+Runs on a GPU with torch, on the current CUDA device; tilekiln/tuning/policy.py
+says what it measures and tilekiln/tuning/timing.py how. After every shape,
+the buckets measured so far are written to the bundle's tuning file,
+``BUNDLE_DIR/tuning.json`` (tilekiln/tuning/table.py), over what earlier tunes
+of the bundle wrote in the table of this device's SKU; the tables of other
+SKUs in the file are kept as they are, and the manifest, which the build
+wrote and hashed, is left as it is. The runtime then prefers the tuned kernel
+on devices of this SKU (and on those whose nearest SKU it is:
+tilekiln/tuning/sku.py) for every problem in those buckets whose contract it
+accepts: a process that opens the bundle reads the file, and this process's
+open Bundle is told to read it again (``Bundle.reload_tuning``).
+``--table-out`` also writes this device's whole table (its build-time table of
+the same device, if any, with the file's buckets over it; never another
+SKU's): committed as ``catalog/tuning/<bundle>/<device>.json``, every later
+build ships it (builder/package/manifest.py).
 
     python3 -m tilekiln.tune BUNDLE_DIR --merge RUN1.json RUN2.json ... [--table-out FILE]
 
 needs no GPU: it picks each bucket's winner again from the measurements of
-several earlier runs (their ``--table-out`` files; tilekiln/tuning/merge.py)
-and writes the result the same way.
+several earlier runs of one device (their ``--table-out`` files;
+tilekiln/tuning/merge.py) and writes the result, as that device's table, the
+same way.
 """
 
 from __future__ import annotations
@@ -37,12 +41,12 @@ from pathlib import Path
 
 from tilekiln._files import write_atomic
 from tilekiln.errors import BundleError
-from tilekiln.manifest import MANIFEST_NAME, TuningTable
+from tilekiln.manifest import MANIFEST_NAME, Sku
 from tilekiln.tuning.merge import combine, mergeable, read_run
 from tilekiln.tuning.models import ConfigError, linear_layers, read_config, split_held_out, token_grid
 from tilekiln.tuning.models import shapes as models_shapes
 from tilekiln.tuning.policy import DEFAULT_SHAPES, tune
-from tilekiln.tuning.table import TUNING_NAME, add_measured, write_tuning_file
+from tilekiln.tuning.table import TUNING_NAME, add_measured, overlay, replace_table, table_of, write_tuning_file
 from tilekiln.tuning.timing import SETTLE_MS, CaptureError, require_cuda_torch
 
 
@@ -81,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--settle-ms", type=float, default=SETTLE_MS,
                    help="untimed launches of the same kernel before each steady-state block (0: none)")
     p.add_argument("--table-out", type=Path, default=None,
-                   help="also write the table the bundle selects by to this file (catalog/tuning/<bundle>.json)")
+                   help="also write this device's table to this file (catalog/tuning/<bundle>/<device>.json)")
     p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="RUN.json",
                    help="no measuring: choose from these earlier runs' --table-out files")
     args = p.parse_args(argv)
@@ -89,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
         read = [read_run(path) for path in args.merge]
         runs, devices = [m for m, _ in read], {d for _, d in read}
         if len(devices) != 1:
-            raise SystemExit(f"--merge: the runs come from different devices ({', '.join(sorted(devices))})")
+            raise SystemExit(f"--merge: the runs come from different devices "
+                             f"({', '.join(sorted(_describe(d) for d in devices))})")
         bundle = _load(args.bundle)
         runs, copies = mergeable(runs, {kernel.id for kernel in bundle.kernels})
         if copies:
@@ -103,8 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     if not shapes:
         shapes = DEFAULT_SHAPES
     torch = require_cuda_torch("tilekiln tune")
-    device = torch.cuda.get_device_name()
     bundle = _load(args.bundle)
+    device = bundle.device(torch.cuda.current_device()).sku
     earlier = bundle.tuning_file
     try:
         table = tune(bundle, shapes, args.dtype, args.iters, args.settle_ms,
@@ -126,13 +131,22 @@ def _load(directory: Path):
         raise SystemExit(f"tilekiln tune: {directory / MANIFEST_NAME} is not a bundle manifest that loads ({exc})")
 
 
-def _write(args, bundle, earlier: TuningTable | None, entries: dict[str, dict], device: str) -> None:
-    """``entries`` over ``earlier`` as the bundle's tuning file, which ``bundle`` then selects by;
-    with ``--table-out``, also the whole table it selects by."""
-    write_tuning_file(bundle.directory, add_measured(earlier, entries, device), bundle.manifest.sha256)
+def _describe(sku: Sku) -> str:
+    return (f"{sku.name}: sm_{sku.compute_capability[0]}{sku.compute_capability[1]}, {sku.sm_count} SMs, "
+            f"{sku.memory_mib} MiB")
+
+
+def _write(args, bundle, earlier, entries: dict[str, dict], device: Sku) -> None:
+    """``entries`` over the table of ``device`` in ``earlier`` (the tuning file's tables), the
+    other devices' tables kept, as the bundle's tuning file, which ``bundle`` then selects by;
+    with ``--table-out``, also ``device``'s whole table: its build-time table, if the manifest
+    has one of this device, with the file's buckets over it."""
+    measured = add_measured(table_of(earlier, device.name), entries, device)
+    write_tuning_file(bundle.directory, replace_table(earlier, measured), bundle.manifest.sha256)
     bundle.reload_tuning()
     if args.table_out is not None:
-        write_atomic(args.table_out, json.dumps(bundle.tuning.plain(), indent=2, sort_keys=True) + "\n")
+        table = overlay(table_of(bundle.manifest.tuning_tables, device.name), measured)
+        write_atomic(args.table_out, json.dumps(table.plain(), indent=2, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":

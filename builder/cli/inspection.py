@@ -6,7 +6,7 @@ status; in JSON the whole census), the integrity check and the provenance. ``dif
 field that differs, apart from its position and symbol names), bundle-level
 changes (version, toolchain, provenance, tuning table) and the size delta. Each has a JSON
 form (``--format json``) and a text form printed with rich. The tuning table is the one the
-bundle selects by: the manifest's, with a directory's tuning file over it (``Artifact.tuning``).
+bundle selects by, one per SKU: the manifest's, with a directory's tuning file over them (``Artifact.tables``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from rich.table import Table
 
 from builder.package.artifact import Artifact
 from builder.package.wheel import RUNTIME_DISTRIBUTION, SizeRow
-from tilekiln.manifest import MANIFEST_NAME
+from tilekiln.manifest import MANIFEST_NAME, Sku
 from tilekiln.spec import Scheduler
-from tilekiln.tuning.table import TUNING_NAME
+from tilekiln.tuning.table import TUNING_NAME, table_of
 
 # Kernel fields that differ between equal kernels: the position in the table,
 # the symbol names (hashes of the module name) and the catalog position.
@@ -47,8 +47,8 @@ def inspect_json(a: Artifact) -> dict:
             "catalog": plain_k["catalog"], "template": plain_k["template"],
         } for k, plain_k in zip(m.kernels, plain["kernels"])],
         "provenance": {**plain["provenance"], "toolchain": plain["toolchain"]},
-        "tuning": a.tuning.plain() if a.tuning else None,
-        "tuning_file": a.tuning_file.plain() if a.tuning_file else None,
+        "tuning_tables": [t.plain() for t in a.tables],
+        "tuning_file": [t.plain() for t in a.tuning_file],
         "size": {"files": dict(a.sizes), "total_bytes": a.total_bytes,
                  "archive_bytes": a.wheel.archive_bytes if a.wheel else None},
         "wheel": None if a.wheel is None else {
@@ -90,15 +90,26 @@ def print_inspect(a: Artifact, console: Console) -> None:
         console.print(f"  kernels        {len(items)} from {file} items {_ranges(items)}, "
                       f"template {template} sha256 {digest[:12]}")
     console.print("  toolchain      " + ", ".join(f"{k} {v}" for k, v in m.toolchain))
-    tuning, tuned = a.tuning, a.tuning_file
-    console.print(f"  tuning         {len(tuning.table)} shape buckets measured on {tuning.device}"
-                  + (f" ({len(tuned.table)} from {TUNING_NAME}, written by tilekiln tune after the build)"
-                     if tuned else "")
-                  if tuning and tuning.table else "  tuning         none (kernels chosen by the selector's model)")
+    for table in a.tables:
+        tuned = table_of(a.tuning_file, table.device)
+        console.print(f"  tuning         {len(table.table)} shape buckets measured on {_sku(table.sku)}"
+                      + (f" ({len(tuned.table)} from {TUNING_NAME}, written by tilekiln tune after the build)"
+                         if tuned else "")
+                      + (f"; model fitted: {', '.join(f'{k} {v:g}' for k, v in table.model)}" if table.model else ""))
+    if not a.tables:
+        console.print("  tuning         none (kernels chosen by the selector's model)")
     console.print(f"size: {_bytes(a.total_bytes)} in {len(a.sizes)} files (library "
                   f"{_bytes(a.size_of(m.library) or 0)}, which holds the "
                   f"{_bytes(sum(k.cubin.bytes for k in m.kernels))} of cubins)"
                   + (f"; wheel {_bytes(a.wheel.archive_bytes)}" if a.wheel else ""))
+
+
+def _sku(sku: Sku) -> str:
+    """``NVIDIA H200 (sm_90, 132 SMs, 143771 MiB)``; a 2.6 manifest's table states only the name."""
+    if sku.sm_count is None:
+        return sku.name
+    return (f"{sku.name} (sm_{sku.compute_capability[0]}{sku.compute_capability[1]}, {sku.sm_count} SMs, "
+            f"{sku.memory_mib} MiB)")
 
 
 def _mma(sass: dict[str, int]) -> str:
@@ -241,7 +252,7 @@ def _bundle_fields(a: Artifact) -> dict[str, object]:
     plain = a.manifest.plain()
     return {**_flatten(plain["bundle"], "bundle."), **_flatten(plain["toolchain"], "toolchain."),
             **_flatten(plain["provenance"], "provenance."),
-            **_flatten(dict(a.tuning.table) if a.tuning else {}, "tuning.table."),
+            **{k: v for t in a.tables for k, v in _flatten(dict(t.table), f"tuning.{t.device}.table.").items()},
             "schema_version": plain["schema_version"]}
 
 

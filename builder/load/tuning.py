@@ -1,17 +1,23 @@
-"""The measured selection tables kept in ``catalog/tuning/<bundle>.json``.
+"""The measured selection tables kept in ``catalog/tuning/<bundle>/<device>.json``, one per SKU.
 
 ``python3 -m tilekiln.tune`` measures a bundle on a GPU machine and writes
-the bundle's tuning file (tilekiln/tuning/table.py); its ``--table-out`` file,
-``{device, table, measurements}``, is what is committed here. Every later
-build ships the committed table as the manifest's ``tuning`` key
-(builder/package/manifest.py), and validation treats the kernels it names as
-selectable (rule SHADOWED). Table values are choice labels: a kernel id, or
-``<id>/splitk<S>`` (tilekiln/splitk.py).
+the bundle's tuning file (tilekiln/tuning/table.py); its ``--table-out`` file
+is what is committed here: ``{device, compute_capability, sm_count,
+memory_mib, table, measurements}`` and optionally ``model``, the card it was
+measured on stated as the driver described it (what finds the nearest SKU's
+table for a device without its own: tilekiln/tuning/sku.py). The file's name
+is free (``h200.json``, ``h100-sxm.json``); two files of one bundle may not
+name one device. Every later build ships the bundle's tables as the
+manifest's ``tuning_tables`` (builder/package/manifest.py), and validation
+treats the kernels they name as selectable (rule SHADOWED). Table values are
+choice labels: a kernel id, or ``<id>/splitk<S>`` (tilekiln/splitk.py).
 
 Every string of the file reaches a bundle's manifest and ``tilekiln inspect``,
 so each has a grammar: the device name, the shape buckets of
-tilekiln/select.py and the canonical labels. A malformed file is a located
-TUNING-FILE diagnostic of ``validate`` and of the build, never a traceback.
+tilekiln/select.py, the canonical labels and the model's parameter names. A
+malformed file (or a table left at the old single-file place,
+``catalog/tuning/<bundle>.json``) is a located TUNING-FILE diagnostic of
+``validate`` and of the build, never a traceback.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from builder.diagnostics import Diagnostic, DiagnosticError
+from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.load.jsonsrc import load_json
 from builder.load.paths import display_path
 from builder.load.pydantic_errors import diagnostics_from_validation
@@ -39,6 +45,8 @@ Bucket = Annotated[str, Field(pattern=rf"^{_DTYPE}/{_DTYPE}->{_DTYPE}:(?:{'|'.jo
 # The GPU's name as the driver gives it, e.g. "NVIDIA H100 80GB HBM3".
 Device = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._()-]{0,79}$")]
 Milliseconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+# A fitted parameter of tilekiln/select.py's model, e.g. "macs_per_element".
+ParameterName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
 
 
 def _choice(text: str) -> str:
@@ -74,40 +82,74 @@ class Measurement(_Record):
 
 
 class TuningFile(_Record):
+    """One SKU's table: the card it was measured on (as tilekiln.manifest.Sku), what it chose,
+    the times that decided it, and the selector model's parameters fitted on it."""
+
     device: Device
+    compute_capability: tuple[Annotated[int, Field(ge=1, le=99)], Annotated[int, Field(ge=0, le=9)]]
+    sm_count: int = Field(ge=1, le=4096)
+    memory_mib: int = Field(ge=1, le=1 << 30)
     table: dict[Bucket, Choice]
     measurements: dict[Bucket, Measurement] = {}
+    model: dict[ParameterName, Annotated[float, Field(allow_inf_nan=False)]] = {}
 
 
 def tuning_dir(root: Path) -> Path:
     return root / "catalog" / "tuning"
 
 
-def read_tuning(root: Path, bundle: str) -> dict | None:
-    """The committed tuning data of ``bundle`` (JSON data that :class:`TuningFile` accepts), or
-    None if it has none; a malformed file raises :class:`DiagnosticError` (TUNING-FILE)."""
-    path = tuning_dir(root) / f"{bundle}.json"
-    if not path.exists():
-        return None
-    doc = load_json(path, display_path(path, root), RULE)
-    try:
-        # As JSON: strict mode takes a JSON array for a tuple, but not a Python list.
-        TuningFile.model_validate_json(json.dumps(doc.data))
-    except ValidationError as exc:
-        raise DiagnosticError(diagnostics_from_validation(exc, doc, RULE, TuningFile)) from None
-    return doc.data
-
-
-def tuned_kernel_ids(root: Path) -> tuple[frozenset[str], list[Diagnostic]]:
-    """Every kernel id the committed tuning tables name, and the diagnostics of those that are
-    malformed (whose ids are left out), each file read as a build reads it."""
-    ids: set[str] = set()
+def read_tuning(root: Path, bundle: str) -> list[dict]:
+    """The committed tables of ``bundle``, one per file of ``catalog/tuning/<bundle>/`` in file
+    name order (JSON data that :class:`TuningFile` accepts); every problem of every file raises
+    one :class:`DiagnosticError` (TUNING-FILE)."""
+    tables: list[dict] = []
     problems: list[Diagnostic] = []
-    for path in sorted(tuning_dir(root).glob("*.json")):
+    named: dict[str, str] = {}  # device -> the file that states it
+    old = tuning_dir(root) / f"{bundle}.json"
+    if old.exists():
+        display = display_path(old, root)
+        problems.append(Diagnostic(
+            RULE, f"{display} is a tuning table at the single-table place, which builds no longer read",
+            Location(display), f"move it to {display_path(tuning_dir(root) / bundle, root)}/<device>.json "
+            "(git mv), one file per SKU", facts={"bundle": bundle}))
+    for path in sorted((tuning_dir(root) / bundle).glob("*.json")):
+        display = display_path(path, root)
         try:
-            data = read_tuning(root, path.stem)
+            doc = load_json(path, display, RULE)
+            # As JSON: strict mode takes a JSON array for a tuple, but not a Python list.
+            TuningFile.model_validate_json(json.dumps(doc.data))
         except DiagnosticError as exc:
             problems.extend(exc.diagnostics)
             continue
-        ids.update(parse_label(choice)[0] for choice in data["table"].values())
+        except ValidationError as exc:
+            problems.extend(diagnostics_from_validation(exc, doc, RULE, TuningFile))
+            continue
+        device = doc.data["device"]
+        if device in named:
+            problems.append(Diagnostic(
+                RULE, f"a second table of {device!r} (the first is {named[device]})", doc.locate(("device",)),
+                "keep one table per device: merge the runs (tilekiln tune --merge) and delete the other file",
+                facts={"device": device, "first": named[device]}))
+            continue
+        named[device] = display
+        tables.append(doc.data)
+    if problems:
+        raise DiagnosticError(problems)
+    return tables
+
+
+def tuned_kernel_ids(root: Path) -> tuple[frozenset[str], list[Diagnostic]]:
+    """Every kernel id the committed tuning tables name, and the diagnostics of the bundles with
+    a malformed table (whose ids are left out), each bundle's tables read as a build reads them."""
+    ids: set[str] = set()
+    problems: list[Diagnostic] = []
+    bundles = {p.stem if p.is_file() else p.name for p in tuning_dir(root).glob("*")
+               if p.is_dir() or p.suffix == ".json"}
+    for bundle in sorted(bundles):
+        try:
+            tables = read_tuning(root, bundle)
+        except DiagnosticError as exc:
+            problems.extend(exc.diagnostics)
+            continue
+        ids.update(parse_label(choice)[0] for data in tables for choice in data["table"].values())
     return frozenset(ids), problems

@@ -24,7 +24,7 @@ from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from tilekiln.bundle_files import open_directory, read_file
 from tilekiln.errors import BundleCompatibilityError, BundleIntegrityError
 from tilekiln.manifest import MANIFEST_NAME, Manifest, TuningTable, parse_manifest, read_bundle, verify_files
-from tilekiln.tuning.table import overlay, read_tuning_file
+from tilekiln.tuning.table import overlay_tables, read_tuning_file
 
 
 @dataclass(frozen=True)
@@ -44,12 +44,13 @@ class Artifact:
     sizes: tuple[tuple[str, int], ...]  # every file present that the manifest lists, and the manifest
     problem: str  # "" when the manifest and every file match their sha256
     wheel: WheelInfo | None
-    tuning_file: TuningTable | None = None  # a directory's tuning file, written by `tilekiln tune`
+    tuning_file: tuple[TuningTable, ...] = ()  # a directory's tuning file's tables, written by `tilekiln tune`
 
     @property
-    def tuning(self) -> TuningTable | None:
-        """The table the bundle selects by: the manifest's build-time table with the tuning file's buckets."""
-        return overlay(self.manifest.tuning, self.tuning_file)
+    def tables(self) -> tuple[TuningTable, ...]:
+        """The tables the bundle selects by, one per SKU: the manifest's build-time tables, each with
+        the tuning file's buckets of the same device."""
+        return overlay_tables(self.manifest.tuning_tables, self.tuning_file)
 
     @property
     def kind(self) -> str:
@@ -103,7 +104,7 @@ def _open(path: Path, read: Callable[[str], bytes], wheel: WheelInfo | None) -> 
                 verify_files(manifest, read)
         except BundleIntegrityError as exc:
             problem = str(exc)
-    tuning_file = None
+    tuning_file: tuple[TuningTable, ...] = ()
     if wheel is None and not problem:
         try:
             tuning_file = read_tuning_file(path, manifest)

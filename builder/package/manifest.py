@@ -38,7 +38,10 @@ if TYPE_CHECKING:
 # 2.4: `config.scalars` (absent: none).
 # 2.5: `config.scheduler` (absent: static) and the census opcode UGETNEXTWORKID in `resources.sass`.
 # 2.6: `resources.oversized_smem` (absent: false), true for a kernel loaded on the oversized carveout.
-MANIFEST_SCHEMA_VERSION = "2.6"
+# 2.7: `tuning_tables`, one build-time table per SKU with the card's facts, in place of the single
+# `tuning` table (a runtime that reads 2.7 reads a 2.6 `tuning` as one table; an older runtime
+# finds no `tuning` in a 2.7 manifest and selects by its model).
+MANIFEST_SCHEMA_VERSION = "2.7"
 
 
 def runtime_requirement(runtime_version: str) -> str:
@@ -73,23 +76,20 @@ def make_manifest(arch: str, records: list[BuildRecord], validation: Validation,
         toolchain=tuple(sorted({"builder": __version__, **dict(tools.versions), "cc": tools.cc_version}.items())),
         provenance=Provenance(git_commit(root), f"{platform.machine()}-{platform.system().lower()}",
                               tuple(validation.catalog.files)),
-        tuning=_tuning(root, bundle_name(arch), {r.kernel_id for r in records}),
+        tuning_tables=tuple(sorted((_tuning(data, {r.kernel_id for r in records})
+                                    for data in read_tuning(root, bundle_name(arch))), key=lambda t: t.device)),
     )
 
 
-def _tuning(root: Path, bundle: str, kernel_ids: set[str]) -> TuningTable | None:
-    """The committed tuning table of the bundle (builder/load/tuning.py), if any.
+def _tuning(data: dict, kernel_ids: set[str]) -> TuningTable:
+    """One committed tuning table of the bundle (builder/load/tuning.py, which validated it).
 
     Buckets whose kernel is not in this bundle (removed from the catalog, or
     left out by ``--only``) are dropped: the runtime falls back to its model there.
     """
-    data = read_tuning(root, bundle)
-    if data is None:
-        return None
-    table = {bucket: choice for bucket, choice in data.get("table", {}).items()
-             if parse_label(choice)[0] in kernel_ids}
+    table = {bucket: choice for bucket, choice in data["table"].items() if parse_label(choice)[0] in kernel_ids}
     measurements = {bucket: m for bucket, m in data.get("measurements", {}).items() if bucket in table}
-    return TuningTable(data.get("device", "unknown"), tuple(sorted(table.items())), tuple(sorted(measurements.items())))
+    return TuningTable.from_plain({**data, "table": table, "measurements": measurements})
 
 
 def _kernel(index: int, r: BuildRecord, verification: VerificationFile | None) -> KernelRecord:

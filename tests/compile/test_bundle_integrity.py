@@ -123,7 +123,7 @@ def test_damage_is_refused_naming_the_file_and_nothing_is_loaded(bundle_copy, ca
 def test_a_bundle_for_another_arch_is_refused_before_loading(bundle_copy, relabel_bundle, monkeypatch):
     monkeypatch.delenv("TILEKILN_BUNDLE_PATH", raising=False)
     relabel_bundle(bundle_copy, "sm_100a", "a", (10, 0))
-    bundle = Bundle.open(bundle_copy, device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+    bundle = Bundle.open(bundle_copy, device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132, "NVIDIA H200", 143156))
     assert bundle.arch == "sm_100a"
     with pytest.raises(BundleCompatibilityError) as info:
         bundle.device(0)
@@ -137,19 +137,20 @@ def test_a_retuned_bundle_follows_its_new_tuning_file(bundle_copy):
     """``tilekiln tune`` writes the tuning file of a bundle this process may already have open, then
     calls ``reload_tuning`` on it: the same Bundle follows the new table, and the manifest, verified
     at load, is never rewritten."""
-    from tilekiln.tuning.table import add_measured, write_tuning_file
+    from tests.records import H100_PCIE
+    from tilekiln.tuning.table import add_measured, table_of, write_tuning_file
 
     before = tilekiln.load(bundle_copy)
     assert tilekiln.load(bundle_copy) is before
     built = (bundle_copy / "manifest.json").read_bytes()
     kernel = before.manifest.kernels[0].id
     bucket = "bf16:tn:512x512x512:1"
-    assert dict(before.tuning.table if before.tuning else ()).get(bucket) != kernel
+    assert all(dict(t.table).get(bucket) != kernel for t in before.tables)
     table = add_measured(None, {bucket: {"kernel": kernel, "flops": 2 * 512**3, "shape": [512, 512, 512],
-                                         "candidates": {kernel: 0.01}}}, "test")
-    write_tuning_file(bundle_copy, table, before.manifest.sha256)
+                                         "candidates": {kernel: 0.01}}}, H100_PCIE)
+    write_tuning_file(bundle_copy, (table,), before.manifest.sha256)
     before.reload_tuning()
-    assert tilekiln.load(bundle_copy) is before and dict(before.tuning.table)[bucket] == kernel
+    assert tilekiln.load(bundle_copy) is before and dict(table_of(before.tables, H100_PCIE.name).table)[bucket] == kernel
     assert (bundle_copy / "manifest.json").read_bytes() == built
     # a process that opens the bundle afterwards reads the same table, and its files still verify
-    assert dict(Bundle.open(bundle_copy).tuning.table)[bucket] == kernel
+    assert dict(table_of(Bundle.open(bundle_copy).tables, H100_PCIE.name).table)[bucket] == kernel

@@ -256,7 +256,8 @@ def test_diff_lists_added_removed_changed_and_the_size_delta(small_build, wheel,
         del m["files"][dropped["source"]["file"]]
         m["files"][m["library"]] = hashlib.sha256(library.read_bytes()).hexdigest()
         m["kernels"][0]["cubin"].update(sha256="0" * 64, bytes=kept["cubin"]["bytes"] + 100)
-        m["tuning"] = {"device": "simulated", "table": {"bucket-x": kept["id"]}, "measurements": {}}
+        m["tuning_tables"] = [{"device": "simulated", "compute_capability": [9, 0], "sm_count": 132,
+                               "memory_mib": 81920, "table": {"bucket-x": kept["id"]}, "measurements": {}}]
 
     rewrite_manifest(new, edit)
     result = CliRunner().invoke(main, ["diff", "--format", "json", str(small_build.path), str(new)])
@@ -268,7 +269,7 @@ def test_diff_lists_added_removed_changed_and_the_size_delta(small_build, wheel,
     assert changed["fields"]["cubin.bytes"] == [kept["cubin"]["bytes"], kept["cubin"]["bytes"] + 100]
     assert set(changed["fields"]) == {"cubin.bytes", "cubin.sha256"}
     assert d["bundle"]["bundle.version"] == [manifest_of(small_build.path)["bundle"]["version"], "9.9.9"]
-    assert d["bundle"]["tuning.table.bucket-x"] == [None, kept["id"]]
+    assert d["bundle"]["tuning.simulated.table.bucket-x"] == [None, kept["id"]]
     assert d["size"]["delta_bytes"] == bundle_bytes(new) - bundle_bytes(small_build.path)
     back = json.loads(CliRunner().invoke(main, ["diff", "--format", "json", str(new), str(small_build.path)]).output)
     assert [k["id"] for k in back["added"]] == [dropped["id"]] and back["removed"] == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -42,12 +43,20 @@ def test_tune_writes_a_table_the_runtime_follows(gpu_bundle_dir, tmp_path):
     tuning_file = json.loads((bundle_dir / TUNING_NAME).read_text())
     assert (bundle_dir / MANIFEST_NAME).read_bytes() == built
     assert tuning_file["manifest_sha256"] == bundle.manifest.sha256
-    assert tilekiln.load(bundle_dir) is bundle and dict(bundle.tuning.table) == written["table"]
+    # the table of the card it ran on, stated as the driver describes it, and no other card's
+    sku = bundle.device(torch.cuda.current_device()).sku
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    assert (written["device"], written["compute_capability"], written["sm_count"], written["memory_mib"]) == (
+        props.name, [props.major, props.minor], props.multi_processor_count, props.total_memory // 2**20)
+    (file_table,) = tuning_file["tables"]
+    assert file_table["device"] == sku.name
+    assert tilekiln.load(bundle_dir) is bundle and bundle.table_for(torch.cuda.current_device()).exact
+    assert dict(bundle.table_for(torch.cuda.current_device()).table.table) == written["table"]
     for shape in SHAPES:
         bucket, entry = next((b, e) for b, e in written["measurements"].items() if e["shape"] == list(shape))
         times = entry["candidates"]
         assert len(times) > 1 and written["table"][bucket] == min(times, key=times.get)
-        assert tuning_file["table"][bucket] == written["table"][bucket]
+        assert file_table["table"][bucket] == written["table"][bucket]
         assert entry["baseline_ms"] > 0 and all(t > 0 for t in times.values())
         # the finalists, timed again in bench-length blocks, are the screen's fastest walk groups
         group = functools.partial(policy.walk_key, {k.id: k for k in bundle.kernels})
@@ -63,3 +72,24 @@ def test_tune_writes_a_table_the_runtime_follows(gpu_bundle_dir, tmp_path):
         assert plan.kernel_id == written["table"][bucket]
         ref = a.double() @ b.double()
         assert ((c.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_a_committed_table_states_its_card_as_this_driver_reads_it(gpu_bundle_dir):
+    """The committed tables of catalog/tuning/ state the card they were measured on (what finds the
+    nearest SKU's table); on a card of one of their names, the runtime reads the same SM count and
+    compute capability, and the memory within 1% (drivers reserve a few MiB more or less)."""
+    import torch
+
+    import tilekiln
+
+    root = Path(__file__).resolve().parents[2] / "catalog" / "tuning"
+    bundle = tilekiln.load(gpu_bundle_dir)
+    device = bundle.device(torch.cuda.current_device())
+    tables = [json.loads(p.read_text()) for p in sorted((root / bundle.name).glob("*.json"))]
+    mine = [t for t in tables if t["device"] == device.name]
+    if not mine:
+        pytest.skip(f"no committed table of {device.name} (tables of {[t['device'] for t in tables]})")
+    (table,) = mine
+    assert (table["compute_capability"], table["sm_count"]) == (list(device.compute_capability), device.sm_count)
+    assert abs(table["memory_mib"] - device.memory_mib) <= device.memory_mib / 100, (table, device)
+    assert bundle.table_for(torch.cuda.current_device()).exact

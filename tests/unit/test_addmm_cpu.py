@@ -160,7 +160,7 @@ def test_an_empty_sum_is_beta_times_input_without_a_launch(monkeypatch):
 
 @pytest.fixture
 def bundle(tmp_path: Path) -> Bundle:
-    return Bundle(tmp_path, manifest(), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+    return Bundle(tmp_path, manifest(), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132, "NVIDIA H200", 143156))
 
 
 def test_addmm_is_one_graph_node_with_the_real_strides(bundle):
@@ -221,8 +221,8 @@ KERNELS = (kernel_record(0, "k0", (128, 256, 64)), kernel_record(1, "k1_resadd",
 
 
 def test_explain_says_whether_alpha_beta_and_the_input_fuse(tmp_path):
-    full = Bundle(tmp_path, manifest(KERNELS), device_query=lambda o: DeviceInfo(o, (9, 0), 132))
-    plain = Bundle(tmp_path, manifest(KERNELS[:2]), device_query=lambda o: DeviceInfo(o, (9, 0), 132))
+    full = Bundle(tmp_path, manifest(KERNELS), device_query=lambda o: DeviceInfo(o, (9, 0), 132, "NVIDIA H200", 143156))
+    plain = Bundle(tmp_path, manifest(KERNELS[:2]), device_query=lambda o: DeviceInfo(o, (9, 0), 132, "NVIDIA H200", 143156))
     with FakeTensorMode():
         c, row, a, w = (torch.empty(s, dtype=BF16, device="cuda")
                         for s in ((1024, 1024), (1024,), (1024, 512), (1024, 512)))

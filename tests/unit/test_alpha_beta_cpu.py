@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.records import kernel_record
+from tests.records import kernel_record, pick
 from tilekiln._tensors import Operand
 from tilekiln.problem import make_problem, requested_epilogue
 from tilekiln.select import check_kernel, choose, choose_fused
@@ -35,7 +35,7 @@ def problem(m, n, k, **asked):
 
 
 def fused(p, kernels=KERNELS):
-    choice, unfused = choose_fused(lambda q: choose(kernels, q, 132, {}), p)
+    choice, unfused = choose_fused(lambda q: choose(kernels, q, 132, pick()), p)
     return (choice.kernel.id if choice.kernel else None), unfused
 
 

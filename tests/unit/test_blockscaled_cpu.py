@@ -290,7 +290,7 @@ def test_a_bundle_without_block_scaled_kernels_refuses_with_the_arch_message(tmp
     from tests.records import manifest
 
     hopper = Bundle(tmp_path, manifest((_record(0, "dense"),)),
-                    device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+                    device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132, "NVIDIA H200", 143156))
     with pytest.raises(NoKernelError, match=r"scale_format='mxfp8': bundle sm90a \(sm_90a\) has no mxfp8 kernels; "
                                             r"the block-scaled tcgen05 MMA exists on compute capability 10\.x"):
         _check_block_kernels(hopper, "mxfp8")
@@ -475,6 +475,7 @@ def _swiglu_problem(name, n):
 
 @pytest.mark.parametrize("name,scale,dtype", [("mxfp8", ("e8m0", 32), "e4m3"), ("nvfp4", ("e4m3", 16), "e2m1")])
 def test_a_block_scaled_swiglu_call_runs_on_the_fused_kernel_else_pairs_in_torch(name, scale, dtype):
+    from tests.records import pick
     from tilekiln.select import check_kernel, choose, choose_fused
     from tilekiln.spec import Activation, BlockScale, DType, DTypes
 
@@ -491,11 +492,11 @@ def test_a_block_scaled_swiglu_call_runs_on_the_fused_kernel_else_pairs_in_torch
     assert check_kernel(plain, asked) == "activation: kernel computes none, the call asks for swiglu"
     assert check_kernel(dense_gated, asked).startswith("block_scale: kernel computes None")
     kernels = (plain, gated, dense_gated)
-    choice, unfused = choose_fused(lambda p: choose(kernels, p, 148, {}), asked)
+    choice, unfused = choose_fused(lambda p: choose(kernels, p, 148, pick()), asked)
     assert (choice.kernel.id, unfused) == ("gated", ())
     # I = 160 is not a multiple of the 64-row gate and up blocks: the ungated block-scaled GEMM, and
     # torch pairs its columns.
-    choice, unfused = choose_fused(lambda p: choose(kernels, p, 148, {}), _swiglu_problem(name, 320))
+    choice, unfused = choose_fused(lambda p: choose(kernels, p, 148, pick()), _swiglu_problem(name, 320))
     assert (choice.kernel.id, unfused) == ("plain", (("activation", "swiglu"),))
 
 
@@ -536,7 +537,7 @@ def _blackwell_bundle(tmp_path, *records):
     m = manifest(records)
     info = dataclasses.replace(m.bundle, name="sm100a", arch="sm_100a", compute_capability=(10, 0))
     return Bundle(tmp_path, dataclasses.replace(m, bundle=info),
-                  device_query=lambda ordinal: DeviceInfo(ordinal, (10, 0), 148))
+                  device_query=lambda ordinal: DeviceInfo(ordinal, (10, 0), 148, "NVIDIA B200", 182630))
 
 
 def _typed(name, c):
@@ -555,6 +556,7 @@ def test_an_fp16_block_scaled_call_runs_only_on_an_fp16_kernel(name):
     from tilekiln._tensors import describe
     from tilekiln._torch import _scaled_request
     from tilekiln.problem import make_problem
+    from tests.records import pick
     from tilekiln.select import check_kernel, choose
 
     a, b, _, _, _ = _fp4_operands(name, m=256, n=384, k=512) if name != "mxfp8" else (*_operands(256, 384, 512), None)
@@ -566,10 +568,10 @@ def test_an_fp16_block_scaled_call_runs_only_on_an_fp16_kernel(name):
     data = bs.format_of(name).data.value
     assert check_kernel(half, asked) is None
     assert check_kernel(brain, asked) == f"dtype: kernel computes {data}/{data}->bf16, the call needs {data}/{data}->f16"
-    assert choose((brain, half), asked, 148, {}).kernel.id == "f16"
+    assert choose((brain, half), asked, 148, pick()).kernel.id == "f16"
     # and a bf16 call never runs on the fp16 kernel
     bf16_call = make_problem(a_op, b_op, None, "bf16", request)
-    assert choose((brain, half), bf16_call, 148, {}).kernel.id == "bf16"
+    assert choose((brain, half), bf16_call, 148, pick()).kernel.id == "bf16"
     assert check_kernel(half, bf16_call).endswith("->bf16")
 
 
@@ -605,6 +607,7 @@ def test_an_fp16_swiglu_call_without_an_fp16_gated_kernel_pairs_an_fp16_result_i
     """A bf16 gated kernel never serves an fp16 call: the fp16 GEMM runs and torch pairs its columns."""
     import dataclasses
 
+    from tests.records import pick
     from tilekiln.select import choose, choose_fused
     from tilekiln.spec import Activation
 
@@ -613,10 +616,10 @@ def test_an_fp16_swiglu_call_without_an_fp16_gated_kernel_pairs_an_fp16_result_i
     gated_bf16 = _record(0, "gated_bf16", activation=Activation.SWIGLU, **_typed("mxfp8", "bf16"))
     plain_f16 = _record(1, "plain_f16", **_typed("mxfp8", "f16"))
     kernels = (gated_bf16, plain_f16)
-    choice, unfused = choose_fused(lambda p: choose(kernels, p, 148, {}), asked)
+    choice, unfused = choose_fused(lambda p: choose(kernels, p, 148, pick()), asked)
     assert (choice.kernel.id, unfused) == ("plain_f16", (("activation", "swiglu"),))
     gated_f16 = _record(2, "gated_f16", activation=Activation.SWIGLU, **_typed("mxfp8", "f16"))
-    choice, unfused = choose_fused(lambda p: choose(kernels + (gated_f16,), p, 148, {}), asked)
+    choice, unfused = choose_fused(lambda p: choose(kernels + (gated_f16,), p, 148, pick()), asked)
     assert (choice.kernel.id, unfused) == ("gated_f16", ())
 
 

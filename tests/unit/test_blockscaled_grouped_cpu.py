@@ -301,7 +301,7 @@ def test_a_bundle_without_block_scaled_kernels_refuses_a_grouped_call_with_the_a
     from tilekiln.errors import NoKernelError
 
     hopper = Bundle(tmp_path, manifest((_grouped_record(0, "fp8", "grouped"),)),
-                    device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+                    device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132, "NVIDIA H200", 143156))
     a, b, sa, sw = _call("mxfp8", masked)
     rows = torch.tensor([10, 100, 200], dtype=torch.int32)
     with pytest.raises(NoKernelError, match=r"scale_format='mxfp8': bundle sm90a \(sm_90a\) has no mxfp8 kernels; "
@@ -315,7 +315,7 @@ def _bundle_of(tmp_path, *kernels):
     from tests.records import manifest
     from tilekiln.bundle import Bundle, DeviceInfo
 
-    return Bundle(tmp_path, manifest(kernels), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+    return Bundle(tmp_path, manifest(kernels), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132, "NVIDIA H200", 143156))
 
 
 def test_explain_names_the_block_scaled_grouped_kernel_of_a_scale_format(tmp_path):

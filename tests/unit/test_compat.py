@@ -40,7 +40,7 @@ def simulated(cc: tuple[int, int], calls: list[int] | None = None):
     def query(ordinal: int) -> DeviceInfo:
         if calls is not None:
             calls.append(ordinal)
-        return DeviceInfo(ordinal, cc, 132)
+        return DeviceInfo(ordinal, cc, 132, "simulated GPU", 81920)
 
     return query
 

@@ -21,7 +21,7 @@ from tilekiln.bundle import Bundle, DeviceInfo
 from tilekiln.problem import make_problem, requested_epilogue
 from tilekiln.select import check_kernel, choose_fused, choose
 from tilekiln.spec import FAMILIES, SCALED_OUTPUTS, DType, DTypes, ScalarArg
-from tests.records import kernel_record, manifest
+from tests.records import kernel_record, manifest, pick
 
 E4M3, BF16 = torch.float8_e4m3fn, torch.bfloat16
 TO_BF16 = kernel_record(0, "k0", (128, 256, 128), dtypes=("e4m3", "e4m3", "f32", "bf16"))
@@ -79,7 +79,7 @@ def test_an_e4m3_result_runs_only_on_an_e4m3_output_kernel_of_the_calls_scaling(
     assert check_kernel(TO_E4M3, fp8_problem(1024, 1024, 1024, out="bf16")) is not None
 
     def chosen(problem):
-        choice, unfused = choose_fused(lambda p: choose(KERNELS, p, 132, {}), problem)
+        choice, unfused = choose_fused(lambda p: choose(KERNELS, p, 132, pick()), problem)
         return (choice.kernel.id if choice.kernel else None), unfused
 
     assert chosen(fp8_problem(4096, 4096, 4096)) == ("k1_e4m3", ())
@@ -89,7 +89,7 @@ def test_an_e4m3_result_runs_only_on_an_e4m3_output_kernel_of_the_calls_scaling(
 
 @pytest.fixture
 def bundle(tmp_path: Path) -> Bundle:
-    return Bundle(tmp_path, manifest(KERNELS), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+    return Bundle(tmp_path, manifest(KERNELS), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132, "NVIDIA H200", 143156))
 
 
 def test_explain_takes_the_result_type(bundle):

@@ -243,7 +243,8 @@ def test_alias_bombs_and_huge_documents_end_in_a_located_limit_or_a_catalog(worl
 
 KID = "gemm_sm90_bf16_bf16_f32_bf16_tn_128x128x64_c1x1"
 TABLES = {
-    "tuning": json.dumps({"device": "NVIDIA H200", "table": {"bf16/bf16->bf16:tn:4096x4096x4096:1": KID},
+    "tuning": json.dumps({"device": "NVIDIA H200", "compute_capability": [9, 0], "sm_count": 132, "memory_mib": 143156,
+                          "table": {"bf16/bf16->bf16:tn:4096x4096x4096:1": KID},
                           "measurements": {"bf16/bf16->bf16:tn:4096x4096x4096:1": {
                               "candidates": {KID: 0.5}, "flops": 2 ** 37, "shape": [4096, 4096, 4096],
                               "tflops": 274.9}}}, indent=2),
@@ -265,8 +266,8 @@ def load_other(world: World, kind: str, data: bytes) -> None:
         (root / "templates" / "sm90_gemm.yaml").write_bytes(data)
         load_templates(root / "templates", root)
     elif kind == "tuning":
-        (root / "catalog" / "tuning").mkdir(exist_ok=True)
-        (root / "catalog" / "tuning" / "sm90a.json").write_bytes(data)
+        (root / "catalog" / "tuning" / "sm90a").mkdir(parents=True, exist_ok=True)
+        (root / "catalog" / "tuning" / "sm90a" / "h200.json").write_bytes(data)
         read_tuning(root, "sm90a")
     else:
         (root / "catalog" / "verification").mkdir(exist_ok=True)

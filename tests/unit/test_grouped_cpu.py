@@ -15,7 +15,7 @@ from tilekiln.grouped import MAX_GROUPS, make_grouped_problem
 from tilekiln.problem import make_problem
 from tilekiln.select import check_kernel, choose
 from tilekiln.spec import FAMILIES, format_kernel_id, parse_kernel_id
-from tests.records import kernel_record, op
+from tests.records import kernel_record, op, pick
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -163,8 +163,8 @@ def test_grouped_and_dense_kernels_never_run_each_others_problems():
 
 def test_small_groups_choose_64_row_tiles_and_large_ones_128_rows():
     # 128 experts of 32 rows on average: 128-row tiles would compute mostly rows that are never stored.
-    assert choose(GROUPED, problem(128 * 32, 128, n=1536), 132, {}).kernel.config.tile.m == 64
-    assert choose(GROUPED, problem(8 * 4096, 8, n=28672, k=4096), 132, {}).kernel.config.tile.m == 128
+    assert choose(GROUPED, problem(128 * 32, 128, n=1536), 132, pick()).kernel.config.tile.m == 64
+    assert choose(GROUPED, problem(8 * 4096, 8, n=28672, k=4096), 132, pick()).kernel.config.tile.m == 128
 
 
 def test_row_tiles_expect_half_a_tile_of_padding_per_large_group_and_one_tile_per_small_one():
@@ -179,8 +179,8 @@ def test_the_cluster_along_m_wins_for_large_groups_only():
     # Qwen3-30B-A3B at 4096 tokens (256 rows per expert) stays on 1x1; DeepSeek-V3's 32 local
     # experts at 1024 rows each take the 2x1 cluster (H100, bench/results/h100-2026-12-07-grouped-variants.json).
     kernels = (grouped(0, (128, 256, 64)), grouped(1, (128, 256, 64), cluster=(2, 1)))
-    assert choose(kernels, problem(128 * 256, 128, n=1536), 132, {}).kernel.config.cluster.m == 1
-    assert choose(kernels, problem(32 * 1024, 32, n=4096, k=7168), 132, {}).kernel.config.cluster.m == 2
+    assert choose(kernels, problem(128 * 256, 128, n=1536), 132, pick()).kernel.config.cluster.m == 1
+    assert choose(kernels, problem(32 * 1024, 32, n=4096, k=7168), 132, pick()).kernel.config.cluster.m == 2
 
 
 def test_work_items_past_int32_are_refused():
@@ -197,7 +197,7 @@ def test_every_operator_traces_as_one_node(tmp_path):
     from tests.records import manifest
     from tests.unit.test_torch_ops import traced
 
-    bundle = Bundle(tmp_path, manifest(), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+    bundle = Bundle(tmp_path, manifest(), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132, "NVIDIA H200", 143156))
     with FakeTensorMode():
         a = torch.empty(300, 256, dtype=torch.bfloat16, device="cuda")
         w = torch.empty(8, 1004, 256, dtype=torch.bfloat16, device="cuda")
@@ -222,7 +222,7 @@ def test_calls_that_cannot_run_raise_before_anything_is_launched(tmp_path):
     from tilekiln.bundle import Bundle, DeviceInfo
     from tests.records import manifest
 
-    bundle = Bundle(tmp_path, manifest(), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+    bundle = Bundle(tmp_path, manifest(), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132, "NVIDIA H200", 143156))
     a, w = torch.zeros(10, 64, dtype=torch.bfloat16), torch.zeros(2, 32, 64, dtype=torch.bfloat16)
     with pytest.raises(TypeError, match="offs: expected an int32 torch tensor"):
         bundle.grouped_gemm(a, w.transpose(1, 2), [5, 10])
@@ -333,7 +333,7 @@ def test_masked_operators_trace_as_one_node(tmp_path):
     from tests.records import manifest
     from tests.unit.test_torch_ops import traced
 
-    bundle = Bundle(tmp_path, manifest(), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+    bundle = Bundle(tmp_path, manifest(), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132, "NVIDIA H200", 143156))
     with FakeTensorMode():
         a = torch.empty(8, 64, 256, dtype=torch.bfloat16, device="cuda")
         w = torch.empty(8, 1004, 256, dtype=torch.bfloat16, device="cuda")
@@ -355,7 +355,7 @@ def _blackwell_bundle(tmp_path, kernels, cc=(10, 0), sms=148):
 
     m = manifest(kernels)
     info = replace(m.bundle, name="sm100a", arch="sm_100a", compute_capability=(10, 0))
-    return Bundle(tmp_path, replace(m, bundle=info), device_query=lambda ordinal: DeviceInfo(ordinal, cc, sms))
+    return Bundle(tmp_path, replace(m, bundle=info), device_query=lambda ordinal: DeviceInfo(ordinal, cc, sms, "simulated GPU", 81920))
 
 
 def _tcgen05(record, family="grouped"):

@@ -47,7 +47,7 @@ MASKED_GATED = grouped(5, (64, 128, 64), family="grouped_masked", schedule="ping
 
 
 def bundle_of(tmp_path, *kernels) -> Bundle:
-    return Bundle(tmp_path, manifest(kernels), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+    return Bundle(tmp_path, manifest(kernels), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132, "NVIDIA H200", 143156))
 
 
 def offs(groups):

@@ -28,7 +28,7 @@ from builder.render import render_kernel
 from tests.fixture_catalogs import make_project
 from tests.records import kernel_record, write_bundle
 from tilekiln._tensors import describe
-from tilekiln.manifest import TuningTable, read_manifest
+from tilekiln.manifest import Sku, TuningTable, read_manifest
 from tilekiln.tuning.table import write_tuning_file
 
 CATALOG = """pipeline: sm100
@@ -267,8 +267,21 @@ def test_free_text_of_facts_and_file_names_never_reaches_rendered_source(project
 
 # -- committed tuning and verification tables ---------------------------------------------------
 
+# The card a table states it was measured on (builder/load/tuning.py), after the fields a case sets.
+B200 = {"compute_capability": [10, 0], "sm_count": 148, "memory_mib": 182630}
+
+
 def _tuning(**fields) -> str:
-    return json.dumps({"device": "NVIDIA H200", "table": {BUCKET: KERNEL}} | fields, indent=2)
+    return json.dumps({"device": "NVIDIA B200", "table": {BUCKET: KERNEL}} | B200 | fields, indent=2)
+
+
+def _line(text: str, marker: str) -> int:
+    return text[:text.index(marker)].count("\n") + 1
+
+
+SM_COUNT_STRING = _tuning(sm_count="148")
+MODEL_NAME = _tuning(model={"macs per element": 150.0})
+MODEL_VALUE = _tuning(model={"macs_per_element": "150"})
 
 
 NAN_TABLE = _tuning(measurements={BUCKET: {"candidates": {KERNEL: float("nan")}, "flops": 1, "shape": [1, 1, 1],
@@ -284,20 +297,42 @@ NAN_TABLE = _tuning(measurements={BUCKET: {"candidates": {KERNEL: float("nan")},
     (_tuning(table={BUCKET: KERNEL + "/splitk5"}), 4),
     (_tuning(table={"../../PWNED": KERNEL}), 4),
     (_tuning(device="[link=https://PWNED]NVIDIA H200[/link]"), 2),
-    (NAN_TABLE, NAN_TABLE[:NAN_TABLE.index("NaN")].count("\n") + 1),
+    (NAN_TABLE, _line(NAN_TABLE, "NaN")),
     ("[" * 3000 + "]" * 3000, 1),
+    (json.dumps({"device": "NVIDIA B200", "table": {}}), 1),
+    (SM_COUNT_STRING, _line(SM_COUNT_STRING, '"148"')),
+    (MODEL_NAME, _line(MODEL_NAME, "macs")),
+    (MODEL_VALUE, _line(MODEL_VALUE, "macs")),
 ], ids=["not-json", "a-list", "duplicate-key", "non-string-choice", "bad-id", "bad-split", "bad-bucket", "markup",
-        "nan", "deep"])
+        "nan", "deep", "no-card-facts", "sm-count-string", "model-name", "model-value"])
 def test_a_malformed_tuning_table_is_a_located_diagnostic(project, text, line):
-    (project / "catalog" / "tuning").mkdir()
-    (project / "catalog" / "tuning" / "sm100a.json").write_text(text)
-    assert located(validate(project), "TUNING-FILE") == {("catalog/tuning/sm100a.json", line)}
+    (project / "catalog" / "tuning" / "sm100a").mkdir(parents=True)
+    (project / "catalog" / "tuning" / "sm100a" / "b200.json").write_text(text)
+    assert located(validate(project), "TUNING-FILE") == {("catalog/tuning/sm100a/b200.json", line)}
 
 
 def test_a_well_formed_tuning_table_is_accepted(project):
-    (project / "catalog" / "tuning").mkdir()
-    (project / "catalog" / "tuning" / "sm100a.json").write_text(_tuning(table={BUCKET: KERNEL + "/splitk2"}))
+    (project / "catalog" / "tuning" / "sm100a").mkdir(parents=True)
+    (project / "catalog" / "tuning" / "sm100a" / "b200.json").write_text(
+        _tuning(table={BUCKET: KERNEL + "/splitk2"}, model={"macs_per_element": 150}))
     assert validate(project) == ()
+
+
+def test_two_tables_of_one_device_and_a_table_at_the_single_table_place_are_located(project):
+    """One table per SKU: a second file naming the same device is refused at its ``device``; a table
+    left at catalog/tuning/<bundle>.json (where builds read the one table before per-SKU tables) is
+    refused rather than silently no longer shipped."""
+    tables = project / "catalog" / "tuning" / "sm100a"
+    tables.mkdir(parents=True)
+    (tables / "b200.json").write_text(_tuning())
+    (tables / "b200-again.json").write_text(_tuning())
+    (project / "catalog" / "tuning" / "sm100a.json").write_text(_tuning())
+    diagnostics = [d for d in validate(project) if d.rule == "TUNING-FILE"]
+    assert {(d.location.file, d.location.line) for d in diagnostics} == {
+        ("catalog/tuning/sm100a/b200.json", 2), ("catalog/tuning/sm100a.json", None)}
+    again, old = sorted(diagnostics, key=lambda d: d.location.line is None)
+    assert "a second table of 'NVIDIA B200' (the first is catalog/tuning/sm100a/b200-again.json)" in again.message
+    assert "catalog/tuning/sm100a/<device>.json" in old.hint
 
 
 def _verification(**record) -> str:
@@ -330,7 +365,7 @@ def test_inspect_prints_markup_in_a_bundle_literally(tmp_path):
     """A tuning file's device name comes from the driver of whatever machine ran tune."""
     directory = write_bundle(tmp_path / "sm90a", KERNELS)
     device = "[bold red]PWNED[/bold red] [link=https://example.invalid]x[/link] :warning:"
-    write_tuning_file(directory, TuningTable(device, ((BUCKET, "k_wide"),)),
+    write_tuning_file(directory, (TuningTable(Sku(device, (9, 0), 132, 143156), ((BUCKET, "k_wide"),)),),
                       read_manifest(directory).sha256)
     result = CliRunner().invoke(cli, ["inspect", str(directory)])
     assert result.exit_code == 0, result.output

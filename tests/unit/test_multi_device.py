@@ -47,7 +47,7 @@ def op(name, shape, device, strides=None):
 
 @pytest.fixture
 def bundle(tmp_path):
-    b = Bundle(tmp_path, manifest(KERNELS), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+    b = Bundle(tmp_path, manifest(KERNELS), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132, "NVIDIA H200", 143156))
     b._lib = RecordingLibrary()
     return b
 

@@ -21,7 +21,7 @@ from tilekiln.problem import make_problem, requested_epilogue
 from tilekiln.select import check_kernel, choose, choose_fused
 from tilekiln.spec import FAMILIES, Scaling
 from tilekiln._tensors import Operand
-from tests.records import kernel_record, manifest
+from tests.records import kernel_record, manifest, pick
 
 E4M3, BF16 = torch.float8_e4m3fn, torch.bfloat16
 FP8 = ("e4m3", "e4m3", "f32", "bf16")
@@ -54,7 +54,7 @@ KERNELS = (TENSOR, ROWWISE, ROWWISE_BIAS, SWAPPED, PLAIN, BIAS, RESIDUAL, BIAS_R
 
 
 def fused(problem, kernels=KERNELS):
-    choice, unfused = choose_fused(lambda p: choose(kernels, p, 132, {}), problem)
+    choice, unfused = choose_fused(lambda p: choose(kernels, p, 132, pick()), problem)
     return (choice.kernel.id if choice.kernel else None), unfused
 
 
@@ -128,7 +128,7 @@ def test_a_requested_residual_fuses_after_the_bias_or_is_left_to_torch():
 
 @pytest.fixture
 def bundle(tmp_path: Path) -> Bundle:
-    return Bundle(tmp_path, manifest(KERNELS), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+    return Bundle(tmp_path, manifest(KERNELS), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132, "NVIDIA H200", 143156))
 
 
 def test_explain_says_whether_the_row_wise_scales_and_the_residual_are_fused(bundle):
@@ -207,7 +207,7 @@ def test_row_wise_scales_are_refused_naming_the_argument(change, error, text):
 
 
 def test_row_wise_scales_without_a_rowwise_kernel_are_refused_with_what_to_do(tmp_path):
-    bundle = Bundle(tmp_path, manifest((TENSOR,)), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+    bundle = Bundle(tmp_path, manifest((TENSOR,)), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132, "NVIDIA H200", 143156))
     with FakeTensorMode():
         a = torch.empty(256, 512, dtype=E4M3, device="cuda")
         w = torch.empty(384, 512, dtype=E4M3, device="cuda")

@@ -73,8 +73,9 @@ def test_a_kernel_the_committed_tuning_table_names_is_not_shadowed(tmp_path):
     """The runtime picks a model-tied kernel where catalog/tuning/ names it, so SHADOWED stays quiet."""
     fixture = FIXTURES / "SHADOWED" / "fail.yaml"
     project = make_project(tmp_path, [fixture])
-    (project / "catalog" / "tuning" / "sm100a.json").write_text(json.dumps(
-        {"device": "test", "table": {"bf16/bf16->bf16:tn:4096x4096x4096:1":
-                                     "gemm_sm100_bf16_bf16_f32_bf16_tn_128x128x64_c1x1/splitk2"}}))
+    (project / "catalog" / "tuning" / "sm100a").mkdir(parents=True)
+    (project / "catalog" / "tuning" / "sm100a" / "b200.json").write_text(json.dumps(
+        {"device": "NVIDIA B200", "compute_capability": [10, 0], "sm_count": 148, "memory_mib": 182630,
+         "table": {"bf16/bf16->bf16:tn:4096x4096x4096:1": "gemm_sm100_bf16_bf16_f32_bf16_tn_128x128x64_c1x1/splitk2"}}))
     shadowed = [d for d in validate_project(Project(project)).diagnostics if d.rule == "SHADOWED"]
     assert len(shadowed) == 1 and "stages 6" in shadowed[0].message

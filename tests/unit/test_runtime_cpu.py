@@ -14,7 +14,7 @@ from tilekiln.bundle import Bundle, DeviceInfo
 from tilekiln.problem import make_problem
 from tilekiln.select import bucket_ceiling, check_kernel, choose, estimate, nominal_clusters, shape_bucket
 from tilekiln.splitk import label, parse_label, sliced
-from tests.records import kernel_record, manifest, op, write_bundle
+from tests.records import H100_SXM, H200, kernel_record, manifest, op, pick, write_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -107,13 +107,13 @@ def test_contract_rejections_say_why():
 
 
 def test_large_square_prefers_the_largest_multicast_tile():
-    choice = choose(KERNELS, tn(8192, 8192, 8192), sm_count=132, tuning={})
+    choice = choose(KERNELS, tn(8192, 8192, 8192), sm_count=132, tuning=pick())
     assert choice.kernel.id == KERNELS[1].id and choice.how == "model"
 
 
 def test_wave_quantisation_prefers_smaller_tiles_for_skinny_problems():
     # 128 x 2048: 8 tiles of 128x256 leave 124 of 132 SMs idle; 64x128 tiles make 32.
-    choice = choose(KERNELS, tn(128, 2048, 8192), sm_count=132, tuning={})
+    choice = choose(KERNELS, tn(128, 2048, 8192), sm_count=132, tuning=pick())
     assert choice.kernel.config.tile.n < 256
     assert estimate(KERNELS[3], tn(128, 2048, 8192), 132) < estimate(KERNELS[0], tn(128, 2048, 8192), 132)
 
@@ -127,8 +127,8 @@ def test_the_model_counts_the_clusters_the_device_holds():
     # 8192^2 in 128x256 tiles is 1024 2x1 cluster items: 16 waves of the nominal 66 clusters,
     # 26 if the device held only 40.
     p = tn(8192, 8192, 8192)
-    assert choose(KERNELS, p, 132, {}).kernel.id == KERNELS[1].id
-    short = choose(KERNELS, p, 132, {}, resident=lambda k: 40 if k.cluster_size > 1 else 132)
+    assert choose(KERNELS, p, 132, pick()).kernel.id == KERNELS[1].id
+    short = choose(KERNELS, p, 132, pick(), resident=lambda k: 40 if k.cluster_size > 1 else 132)
     assert short.kernel.id == KERNELS[0].id
     assert nominal_clusters(KERNELS[1], 132) == 66 and nominal_clusters(KERNELS[1], 1) == 1
 
@@ -140,9 +140,9 @@ def test_a_swapped_kernel_is_priced_on_the_transposed_problem():
     for m, n, k in ((16, 8192, 8192), (8192, 16, 8192), (130, 1000, 64)):
         assert estimate(swapped, tn(m, n, k), 66) == estimate(plain, tn(n, m, k), 66)
     # M = 16: 128 tiles of 64 columns of N, where unswapped 64-row tiles would pad M fourfold.
-    choice = choose(KERNELS + (swapped,), tn(16, 8192, 8192), sm_count=132, tuning={})
+    choice = choose(KERNELS + (swapped,), tn(16, 8192, 8192), sm_count=132, tuning=pick())
     assert choice.kernel is swapped
-    assert choose(KERNELS + (swapped,), tn(4096, 4096, 4096), sm_count=132, tuning={}).kernel is not swapped
+    assert choose(KERNELS + (swapped,), tn(4096, 4096, 4096), sm_count=132, tuning=pick()).kernel is not swapped
 
 
 def test_bucket_ceilings_step_by_half_octaves():
@@ -183,19 +183,19 @@ def test_labels_name_the_split():
 def test_model_splits_a_deep_problem_with_too_few_tiles():
     kernels = (*KERNELS, partial_kernel(6, (64, 128, 64)))
     p = tn(16, 8192, 8192)  # 64 tiles of 64x128 on 132 SMs
-    assert choose(kernels, p, 132, {}).split == 1  # without split candidates, no split
-    choice = choose(kernels, p, 132, {}, splits=(1, 2, 4))
+    assert choose(kernels, p, 132, pick()).split == 1  # without split candidates, no split
+    choice = choose(kernels, p, 132, pick(), splits=(1, 2, 4))
     assert choice.kernel.id == "p6_64x128" and choice.split == 2 and choice.run.batch == 2
     assert choice.label == "p6_64x128/splitk2" and "accept p6_64x128/splitk4" in str(choice)
     # a large problem is not split, and the tuning table can name a split choice
-    assert choose(kernels, tn(4096, 4096, 4096), 132, {}, splits=(1, 2)).split == 1
+    assert choose(kernels, tn(4096, 4096, 4096), 132, pick(), splits=(1, 2)).split == 1
     bucket = shape_bucket(p, "tn")
-    assert choose(kernels, p, 132, {bucket: "p6_64x128/splitk4"}, splits=(1, 2, 4)).label == "p6_64x128/splitk4"
+    assert choose(kernels, p, 132, pick({bucket: "p6_64x128/splitk4"}), splits=(1, 2, 4)).label == "p6_64x128/splitk4"
 
 
 def test_a_split_k_pin_needs_torch_tensors(tmp_path):
     kernels = (*KERNELS, partial_kernel(6, (64, 128, 64)))
-    bundle = Bundle(tmp_path, manifest(kernels), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+    bundle = Bundle(tmp_path, manifest(kernels), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132, "NVIDIA H200", 143156))
     a, b = op("a", (16, 8192)), op("b", (8192, 8192), (1, 8192))
     out = op("out", (16, 8192))
     with pytest.raises(TypeError, match="split-K runs sum their partials through torch; pass torch tensors"):
@@ -206,16 +206,16 @@ def test_a_split_k_pin_needs_torch_tensors(tmp_path):
 def test_tuning_table_overrides_the_model_when_the_kernel_fits():
     p = tn(8192, 8192, 8192)
     bucket = shape_bucket(p, "tn")
-    assert choose(KERNELS, p, 132, {bucket: KERNELS[3].id}).kernel.id == KERNELS[3].id
+    assert choose(KERNELS, p, 132, pick({bucket: KERNELS[3].id})).kernel.id == KERNELS[3].id
     # a tuned kernel whose contract does not fit is ignored
-    assert choose(KERNELS, p, 132, {bucket: KERNELS[4].id}).kernel.id == KERNELS[1].id
+    assert choose(KERNELS, p, 132, pick({bucket: KERNELS[4].id})).kernel.id == KERNELS[1].id
 
 
 def test_explain_says_what_the_backward_gemms_run_on(tmp_path):
     """dA = dC·Bᵀ and dB = Aᵀ·dC for a contiguous dC: a kernel where one takes the layout,
     torch.matmul (and why) where none does."""
     kernels = (*KERNELS, kernel(6, (128, 128, 64), b="n"), kernel(7, (128, 128, 64), a="m", b="n"))
-    bundle = Bundle(tmp_path, manifest(kernels), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+    bundle = Bundle(tmp_path, manifest(kernels), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132, "NVIDIA H200", 143156))
     a, w = op("a", (256, 512)), op("w", (512, 384), (1, 512))
     lines = bundle._explain_backward(a, w, make_problem(a, w, None))
     assert [line.split(":")[0] for line in lines] == ["backward dA = dC·Bᵀ", "backward dB = Aᵀ·dC"]
@@ -227,7 +227,7 @@ def test_explain_says_what_the_backward_gemms_run_on(tmp_path):
 
 
 def test_explain_lists_choice_and_rejections():
-    text = str(choose(KERNELS, tn(1024, 1024, 1024), 132, {}))
+    text = str(choose(KERNELS, tn(1024, 1024, 1024), 132, pick()))
     assert text.startswith("chosen: ")
     assert text.count("reject") == 2 and "layout" in text and "dtype" in text
 
@@ -236,11 +236,11 @@ def test_extents_past_a_kernels_index_range_are_rejected_by_its_contract():
     """The plan block's extents are int32 (tilekiln/spec.py, MAX_EXTENT): a kernel refuses more."""
     p = make_problem(op("a", (2**31, 8)), op("b", (8, 8), (1, 8)), None)
     assert check_kernel(KERNELS[0], p) == "extent: M = 2147483648 exceeds the kernel's index range (2147483647)"
-    assert choose(KERNELS, p, 132, {}).kernel is None
+    assert choose(KERNELS, p, 132, pick()).kernel is None
 
 
 def test_no_kernel_lists_every_rejection(tmp_path):
-    choice = choose(KERNELS[4:5], tn(64, 64, 64), 132, {})
+    choice = choose(KERNELS[4:5], tn(64, 64, 64), 132, pick())
     assert choice.kernel is None and "layout" in str(choice)
     assert issubclass(NoKernelError, ValueError)
 
@@ -307,14 +307,14 @@ def test_tuning_runs_combine_by_relative_time_and_merge_without_a_gpu(tmp_path):
     files = []
     for i, run in enumerate((run1, run2)):
         files.append(tmp_path / f"run{i}.json")
-        files[-1].write_text(_json.dumps({"device": "NVIDIA H200", "table": {}, "measurements": run}))
+        files[-1].write_text(_json.dumps({**H200.plain(), "table": {}, "measurements": run}))
     out = tmp_path / "table.json"
     tune.main([str(bundle), "--merge", *map(str, files), "--table-out", str(out)])
     assert _json.loads(out.read_text())["table"] == {"b1": "y", "only1": "x"}
     # The table goes to the bundle's tuning file, which this process's Bundle now
     # selects by; the manifest stays as the build wrote it.
-    assert _json.loads((bundle / TUNING_NAME).read_text())["table"] == {"b1": "y", "only1": "x"}
-    assert dict(tilekiln.load(bundle).tuning.table) == {"b1": "y", "only1": "x"}
+    assert [t["table"] for t in _json.loads((bundle / TUNING_NAME).read_text())["tables"]] == [{"b1": "y", "only1": "x"}]
+    assert [(t.sku, dict(t.table)) for t in tilekiln.load(bundle).tables] == [(H200, {"b1": "y", "only1": "x"})]
     assert (bundle / MANIFEST_NAME).read_bytes() == built
     # y dropped from the bundle (rebuilt, here into another directory) since the
     # runs: it cannot be picked, and only1's bucket, whose one kernel x is still built, stays.
@@ -330,20 +330,21 @@ def test_tuning_runs_combine_by_relative_time_and_merge_without_a_gpu(tmp_path):
     runs3 = {"A": {"b3": entry(x=1.0, y=1.05)}, "B": {"b3": entry(x=1.1, y=1.0)},
              "C": {"b3": entry(x=1.0, y=1.05), "b2": dict(entry(x=1.0), runs=2)}}
     for name, run in runs3.items():
-        (tmp_path / f"{name}.json").write_text(_json.dumps({"device": "NVIDIA H200", "measurements": run}))
+        (tmp_path / f"{name}.json").write_text(_json.dumps({**H200.plain(), "measurements": run}))
     assert combine(list(runs3.values()))["b3"]["kernel"] == "x"
     tune.main([str(bundle), "--merge", *(str(tmp_path / f"{name}.json") for name in runs3), "--table-out", str(out)])
     table = _json.loads(out.read_text())["table"]
     assert table["b3"] == "y" and "b2" not in table
     assert table["b1"] == "y"  # the tuning file keeps what the earlier merge wrote there
 
-    files[1].write_text(_json.dumps({"device": "NVIDIA H100", "measurements": run2}))
-    with pytest.raises(SystemExit, match="different devices"):
+    files[1].write_text(_json.dumps({**H100_SXM.plain(), "measurements": run2}))
+    with pytest.raises(SystemExit, match=r"different devices \(NVIDIA H100 80GB HBM3: sm_90, 132 SMs, 81089 MiB, "
+                                         r"NVIDIA H200: sm_90, 132 SMs, 143156 MiB\)"):
         tune.main([str(bundle), "--merge", *map(str, files)])
     files[1].write_text("{}")
     with pytest.raises(SystemExit, match=r"run1\.json: not a tuning file"):
         tune.main([str(bundle), "--merge", *map(str, files)])
-    files[1].write_text(_json.dumps({"device": "NVIDIA H200", "measurements": {"b1": {"candidates": {}}}}))
+    files[1].write_text(_json.dumps({**H200.plain(), "measurements": {"b1": {"candidates": {}}}}))
     with pytest.raises(SystemExit, match=r"run1\.json: not a tuning file .*b1"):
         tune.main([str(bundle), "--merge", *map(str, files)])
 
@@ -596,9 +597,11 @@ def test_a_verification_run_replaces_only_its_own_card_models_evidence():
 def test_explain_says_whether_the_chosen_kernel_ran_on_hardware():
     k = KERNELS[0]
     verified = kernel_record(k.index, k.id, (128, 256, 64), verified_on=("H100 80GB HBM3", "H200"))
-    text = str(choose((verified,), tn(1024, 1024, 1024), 132, {}))
-    assert text.splitlines()[0] == f"chosen: {verified.id} (model; hardware-verified on H100 80GB HBM3, H200)"
-    assert "(model; compile-verified)" in str(choose(KERNELS[:1], tn(1024, 1024, 1024), 132, {}))
+    text = str(choose((verified,), tn(1024, 1024, 1024), 132, pick()))
+    assert text.splitlines()[0] == (f"chosen: {verified.id} (model: no table for this device's SKU; hardware-verified "
+                                    "on H100 80GB HBM3, H200)")
+    assert "(model: no table for this device's SKU; compile-verified)" in str(
+        choose(KERNELS[:1], tn(1024, 1024, 1024), 132, pick()))
 
 
 def test_a_requested_activation_runs_only_on_a_kernel_that_computes_it():
@@ -611,10 +614,10 @@ def test_a_requested_activation_runs_only_on_a_kernel_that_computes_it():
     asked = replace(tn(1024, 1024, 1024), requested=(("activation", "silu"),))
     assert check_kernel(KERNELS[0], asked) == "activation: kernel computes none, the call asks for silu"
     assert check_kernel(silu, tn(1024, 1024, 1024)) == "activation: kernel computes silu, the call asks for none"
-    choice, unfused = choose_fused(lambda p: choose(kernels, p, 132, {}), asked)
+    choice, unfused = choose_fused(lambda p: choose(kernels, p, 132, pick()), asked)
     assert choice.kernel is silu and unfused == ()
     gelu = replace(asked, requested=(("activation", "geluerf"),))
-    choice, unfused = choose_fused(lambda p: choose(kernels, p, 132, {}), gelu)
+    choice, unfused = choose_fused(lambda p: choose(kernels, p, 132, pick()), gelu)
     assert choice.kernel is not None and choice.kernel.config.activation.value == "none"
     assert unfused == (("activation", "geluerf"),)
 
@@ -636,7 +639,7 @@ def test_a_requested_bias_runs_on_a_kernel_of_its_type_and_the_epilogue_fuses_it
 
     def fused(**asked):
         problem = replace(tn(1024, 1024, 1024), requested=requested_epilogue(**asked))
-        choice, unfused = choose_fused(lambda p: choose(kernels, p, 132, {}), problem)
+        choice, unfused = choose_fused(lambda p: choose(kernels, p, 132, pick()), problem)
         return choice.kernel.id, unfused
 
     assert check_kernel(bias, tn(1024, 1024, 1024)) == "bias: kernel computes bf16, the call asks for none"
@@ -690,14 +693,14 @@ def test_swiglu_runs_only_on_a_swiglu_kernel_for_whole_gate_up_block_pairs():
     assert check_kernel(swiglu, tn(1024, 2 * 14336, 4096)) == \
         "activation: kernel computes swiglu, the call asks for none"
     assert check_kernel(silu, fits) == "activation: kernel computes silu, the call asks for swiglu"
-    choice, unfused = choose_fused(lambda p: choose(kernels, p, 132, {}), fits)
+    choice, unfused = choose_fused(lambda p: choose(kernels, p, 132, pick()), fits)
     assert choice.kernel is swiglu and unfused == () and choice.run.out_shape == (1024, 14336)
     ragged = swiglu_problem(1024, 2 * 100, 4096)
     assert check_kernel(swiglu, ragged) == ("swiglu: I = N/2 = 100 is not a multiple of the kernel's 64-row gate and "
                                             "up blocks (its tiles pair whole blocks)")
     # I = 100 with a swiglu kernel in the bundle, and I = 14336 without one
     for problem, available, columns in ((ragged, kernels, 200), (fits, (*KERNELS, silu), 2 * 14336)):
-        choice, unfused = choose_fused(lambda p: choose(available, p, 132, {}), problem)
+        choice, unfused = choose_fused(lambda p: choose(available, p, 132, pick()), problem)
         assert choice.kernel.config.activation.value == "none" and unfused == (("activation", "swiglu"),)
         # the plain GEMM's problem: all N columns into a result tilekiln allocates
         assert choice.run.out_shape == (1024, columns) and choice.run.c.lead >= columns

@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from tests.records import kernel_record, op
+from tests.records import kernel_record, op, pick
 from tilekiln._tensors import Operand
 from tilekiln.blockscaled import block_request
 from tilekiln.grouped import make_grouped_problem
@@ -62,19 +62,19 @@ def test_the_id_token_is_clc_only_for_the_non_default_value():
 
 def test_the_model_prefers_the_clc_twin_and_only_on_a_tie():
     p = problem(4096, 4096, 4096)
-    choice = choose((STATIC, CLC), p, 148, {})
+    choice = choose((STATIC, CLC), p, 148, pick())
     assert choice.kernel.id == CLC_ID and choice.how == "model"
     assert {c.estimate for c in choice.candidates} == {choice.candidates[0].estimate}  # priced the same
-    assert choose((CLC, STATIC), p, 148, {}).kernel.id == CLC_ID  # whatever the order
+    assert choose((CLC, STATIC), p, 148, pick()).kernel.id == CLC_ID  # whatever the order
     assert str(choice).splitlines()[1].startswith(f"  accept {CLC_ID}:")
     # A cheaper kernel of another config still wins: the preference only breaks ties.
     skinny = problem(64, 4096, 4096)
-    small_choice = choose((STATIC, CLC, SMALL), skinny, 148, {})
+    small_choice = choose((STATIC, CLC, SMALL), skinny, 148, pick())
     small = next(c for c in small_choice.candidates if c.kernel is SMALL)
     assert small.estimate < min(c.estimate for c in small_choice.candidates if c.kernel is not SMALL)
     assert small_choice.kernel is SMALL
     # A tuning table that measured the static kernel faster overrides the preference.
-    tuned = choose((STATIC, CLC), p, 148, {shape_bucket(p, layout_code(p)): STATIC_ID})
+    tuned = choose((STATIC, CLC), p, 148, pick({shape_bucket(p, layout_code(p)): STATIC_ID}))
     assert (tuned.kernel.id, tuned.how) == (STATIC_ID, "tuned")
 
 
@@ -219,6 +219,6 @@ def test_the_model_prefers_the_block_scaled_and_the_grouped_clc_twins():
     for records, problem_, clc_id in ((scaled, asked, "gemm_sm100_e4m3_e4m3_f32_bf16_tn_128x256x128_c1x1_sfe8m0x32_clc"),
                                       (grouped, p, "grouped_sm100_bf16_bf16_f32_bf16_tn_128x256x64_c1x1_clc")):
         for order in itertools.permutations(records):
-            choice = choose(order, problem_, 148, {})
+            choice = choose(order, problem_, 148, pick())
             assert choice.kernel.id == clc_id and choice.how == "model"
             assert len({c.estimate for c in choice.candidates}) == 1  # priced the same

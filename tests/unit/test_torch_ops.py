@@ -29,7 +29,7 @@ BF16, E4M3 = torch.bfloat16, torch.float8_e4m3fn
 @pytest.fixture
 def bundle(tmp_path: Path) -> Bundle:
     """A bundle object for the operators to name; tracing never opens its library."""
-    return Bundle(tmp_path, manifest(), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+    return Bundle(tmp_path, manifest(), device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132, "NVIDIA H200", 143156))
 
 
 class Graphs:

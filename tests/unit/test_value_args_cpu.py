@@ -70,7 +70,7 @@ class CallRecorder:
 
 def test_a_launch_packs_the_neutral_values_unless_given_others(tmp_path):
     bundle = Bundle(tmp_path, manifest((kernel_record(0, "k0_tn_128x128", (128, 128, 64)),)),
-                    device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132))
+                    device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132, "NVIDIA H200", 143156))
     bundle._lib = CallRecorder()
     a = Operand("a", (256, 128), (128, 1), "bf16", 0x10000, 0, None)
     b = Operand("b", (128, 256), (1, 128), "bf16", 0x20000, 0, None)

@@ -1,7 +1,7 @@
 """Combine the measurements of several tune runs into one table, without a GPU (``tune --merge``).
 
 A single run is a snapshot of a card whose clock moves with its power cap, so
-the shipped table (catalog/tuning/<bundle>.json) combines runs: :func:`combine`
+the shipped table (catalog/tuning/<bundle>/<device>.json) combines runs: :func:`combine`
 scores each candidate by its geometric-mean time relative to each run's
 fastest; :func:`mergeable` first drops what a run's file copied rather than
 measured, and kernels the bundle no longer has. Standard library only.
@@ -13,6 +13,7 @@ import json
 import math
 from pathlib import Path
 
+from tilekiln.manifest import Sku
 from tilekiln.splitk import parse_label
 from tilekiln.tuning.table import TIME_DECIMALS
 
@@ -82,11 +83,12 @@ def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def read_run(path: Path) -> tuple[dict[str, dict], str]:
-    """(measurements, device) of a ``--table-out`` file; SystemExit naming the file if it is not one."""
+def read_run(path: Path) -> tuple[dict[str, dict], Sku]:
+    """(measurements, the device's SKU) of a ``--table-out`` file; SystemExit naming the file if it
+    is not one."""
     try:
         data = json.loads(path.read_text())
-        measurements, device = data["measurements"], data["device"]
+        measurements, device = data["measurements"], Sku.from_plain(data)
         for bucket, entry in measurements.items():
             if not (entry["candidates"] and all(t > 0 for t in entry["candidates"].values())
                     and entry["flops"] > 0 and len(entry["shape"]) == 3):
