@@ -304,3 +304,16 @@ def test_validate_on_the_command_line_exits_0_or_1(world, text):
     result = CliRunner().invoke(cli, ["--root", str(world.root), "validate", "--format", "json", str(path)])
     assert result.exit_code in (0, 1), result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+
+
+def test_a_block_wider_than_one_mmas_k_is_a_diagnostic_not_a_crash(world):
+    """Found by the fuzz above: an 8-bit tcgen05 MMA's 32 bytes of K hold no 64-element scale block,
+    and planning its scale-factor columns divided by the blocks per MMA (0)."""
+    catalog = {"pipeline": "sm100", "targets": ["sm_100a"],
+               "defaults": {"dtypes": {"a": "e4m3", "b": "e4m3", "acc": "f32", "c": "bf16"}, "layout": "tn"},
+               "kernels": [{"tile": [128, 128, 128], "cluster": [1, 1], "block_scale": {"scale": "e8m0", "block": 64}}]}
+    path = world.root / "catalog" / "gemm" / "fuzz.yaml"
+    path.write_text(yaml.safe_dump(catalog, sort_keys=False))
+    diagnostics = check_catalog(load_catalog(world.root / "catalog", world.root, [path]), world.facts,
+                                world.templates)[2]
+    assert any(d.severity is Severity.ERROR and d.location.file == "catalog/gemm/fuzz.yaml" for d in diagnostics)

@@ -114,8 +114,11 @@ def tmem_scale_columns(config: KernelConfig, facts: PipelineFacts, k_blocks: int
     blocks_per_mma = facts.require("mma_k_bytes") * 8 // config.mma_dtypes.a.bits // config.block_scale.block
     t, lanes_per_column = config.tile, 32
     # Where an MMA's blocks lie within one atom, each MMA gets its own columns; where they span two
-    # (the 48-byte MMA's 6 or 3 blocks), the stage's factors stay resident as whole atoms.
-    units = k_blocks if atom_blocks % blocks_per_mma == 0 else math.ceil(t.k / config.block_scale.block / atom_blocks)
+    # (the 48-byte MMA's 6 or 3 blocks), the stage's factors stay resident as whole atoms. A block
+    # wider than one MMA's K (blocks_per_mma 0) is no block-scale combination, which a rule reports;
+    # the plan still counts its atoms, so that the rule, not a ZeroDivisionError, says so.
+    within = blocks_per_mma > 0 and atom_blocks % blocks_per_mma == 0
+    units = k_blocks if within else math.ceil(t.k / config.block_scale.block / atom_blocks)
     return (t.m // lanes_per_column + align_up(t.n, rows) // lanes_per_column) * units
 
 
