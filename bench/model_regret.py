@@ -1,6 +1,6 @@
 """How well the selection model ranks kernels, scored on measurements a tune recorded (no GPU).
 
-For every shape of a tuning file's ``measurements`` (``catalog/tuning/sm90a.json``: the H200
+For every shape of a tuning file's ``measurements`` (``catalog/tuning/sm90a/h200.json``: the H200
 times of each candidate that passed the tune's screen), the model (tilekiln/select.py,
 ``estimate``) ranks the measured candidates that are still in the bundle, and the measured time of
 its pick is compared with the fastest measured one. The ratio is what a user pays where no tuned
@@ -72,13 +72,14 @@ def summary(rows: list[dict]) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bundle", type=Path, default=ROOT / "artifacts" / "sm90a")
-    p.add_argument("--tuning", type=Path, default=ROOT / "catalog" / "tuning" / "sm90a.json")
-    p.add_argument("--sm-count", type=int, default=132, help="SMs of the card the measurements come from")
+    p.add_argument("--tuning", type=Path, default=ROOT / "catalog" / "tuning" / "sm90a" / "h200.json")
+    p.add_argument("--sm-count", type=int, default=None,
+                   help="SMs of the card the measurements come from (default: the table's sm_count)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     kernels = {k.id: k for k in read_manifest(args.bundle, verify=False).kernels}
     tuning = json.loads(args.tuning.read_text())
-    rows = regret(tuning["measurements"], kernels, args.sm_count)
+    rows = regret(tuning["measurements"], kernels, args.sm_count or tuning["sm_count"])
     report = {"date": datetime.date.today().isoformat(), "measured_on": tuning.get("device"),
               "summary": {dt: summary([r for r in rows if r["bucket"].startswith(dt)]) for dt in ("bf16", "e4m3")},
               "worst": sorted(rows, key=lambda r: -r["ratio"])[:10], "results": rows}

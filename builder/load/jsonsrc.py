@@ -12,7 +12,7 @@ refuses 4,300).
 
 Positions come from the standard library's pure-Python decoder, whose object
 and array parsers are wrapped to record where each value starts (70 ms for
-the 330 KB catalog/tuning/sm90a.json).
+the 330 KB catalog/tuning/sm90a/h200.json).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from builder.load.text import read_text
 from builder.load.yamlsrc import MAX_DEPTH, MAX_INT_DIGITS, YamlDocument, YamlPath
 
 
-# catalog/tuning/sm90a.json is 330 KB; the json module reads 1 MiB in a fraction of a second.
+# catalog/tuning/sm90a/h200.json is 330 KB; the json module reads 1 MiB in a fraction of a second.
 MAX_FILE_BYTES = 1024 * 1024
 
 

@@ -252,6 +252,7 @@ def test_runtime_imports_without_build_dependencies():
     tuning modules and the tune command import torch only inside the functions that time."""
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import tilekiln, tilekiln.bundle, "
             "tilekiln.select, tilekiln.problem, tilekiln.manifest, tilekiln.discovery, tilekiln.tuning.table, "
+            "tilekiln.tuning.sku, "
             "tilekiln.tuning.timing, tilekiln.tuning.policy, tilekiln.tuning.merge, tilekiln.tune; "
             "banned = [m for m in ('builder', 'cutlass', 'jinja2', 'pydantic', 'yaml', 'torch') if m in sys.modules]; "
             "print(banned)")
