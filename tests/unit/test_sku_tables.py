@@ -103,13 +103,19 @@ def test_a_tune_of_one_sku_leaves_the_other_skus_table_alone(tmp_path):
     directory = write_bundle(tmp_path / "sm90a", KERNELS, {BUCKET: "k_square"})  # an H200's build-time table
     entry = {"kernel": "k_wide", "flops": 2 * 4096**3, "shape": list(SHAPE), "tflops": 1.0,
              "candidates": {"k_wide": 1.0, "k_square": 2.0}}
-    run = tmp_path / "h100-run.json"
+    run, other_host = tmp_path / "h100-run.json", tmp_path / "h100-run-2.json"
     run.write_text(json.dumps({**H100_SXM.plain(), "table": {}, "measurements": {BUCKET: entry}}))
+    # the same card model on another host, whose driver reserves a little more of its memory
+    again = dict(entry, candidates={"k_wide": 1.1, "k_square": 2.0})
+    other_host.write_text(json.dumps({**H100_SXM.plain(), "memory_mib": 81082, "table": {},
+                                      "measurements": {BUCKET: again}}))
     out = tmp_path / "h100.json"
-    tune.main([str(directory), "--merge", str(run), "--table-out", str(out)])
+    tune.main([str(directory), "--merge", str(run), str(other_host), "--table-out", str(out)])
 
     written = json.loads(out.read_text())
-    assert (written["device"], written["table"]) == ("NVIDIA H100 80GB HBM3", {BUCKET: "k_wide"})
+    assert (written["device"], written["memory_mib"], written["table"]) == (
+        "NVIDIA H100 80GB HBM3", 81089, {BUCKET: "k_wide"})
+    assert written["measurements"][BUCKET]["runs"] == 2
     bundle = Bundle.open(directory, device_query=devices(H200, H100_SXM))
     assert [t.device for t in bundle.tuning_file] == ["NVIDIA H100 80GB HBM3"]
     assert [(t.device, dict(t.table)) for t in bundle.tables] == [
