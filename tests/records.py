@@ -12,7 +12,7 @@ from tilekiln.manifest import (ABI_VERSION, MANIFEST_NAME, BundleInfo, DriverFlo
                                TuningTable, manifest_digest)
 from tilekiln.tuning.sku import TablePick
 from tilekiln.spec import (MAX_EXTENT, Activation, Bias, Blob, CatalogRef, Cluster, Contract, DType, DTypes, KernelRecord,
-                           Layout, Residual, Resources, Scalars, Scaling, Scheduler, Symbols, TemplateRef, Tile,
+                           Layout, Residual, Resources, Scalars, Scaling, Schedule, Scheduler, Symbols, TemplateRef, Tile,
                            Verified)
 
 
@@ -20,19 +20,21 @@ def kernel_record(index: int, kernel_id: str, tile: tuple[int, int, int], cluste
                   b: str = "k", dtypes: tuple[str, str, str, str] = ("bf16", "bf16", "f32", "bf16"), div: int = 8,
                   swap_ab: bool = False, verified_on: tuple[str, ...] = (), activation: str = "none",
                   bias: str = "none", scaling: str = "tensor", residual: str = "none",
-                  scalars: str = "none", scheduler: str = "static") -> KernelRecord:
-    """An sm90 kernel record; ``a``/``b`` are the operands' majorness as the runtime spells it."""
+                  scalars: str = "none", scheduler: str = "static", schedule: str = "cooperative",
+                  sass: dict[str, int] | None = None) -> KernelRecord:
+    """An sm90 kernel record; ``a``/``b`` are the operands' majorness as the runtime spells it;
+    ``sass``: its SASS census (e.g. ``{"HGMMA": 4}`` for a warpgroup-MMA kernel; default none)."""
     from tilekiln.spec import KernelConfig
 
     config = KernelConfig(pipeline="sm90", dtypes=DTypes(*(DType(t) for t in dtypes)),
                           layout=Layout(a_k_major=a == "k", b_k_major=b == "k"), tile=Tile(*tile),
                           cluster=Cluster(*cluster), swap_ab=swap_ab, bias=Bias(bias),
                           activation=Activation(activation), scaling=Scaling(scaling), residual=Residual(residual),
-                          scalars=Scalars(scalars), scheduler=Scheduler(scheduler))
+                          scalars=Scalars(scalars), scheduler=Scheduler(scheduler), schedule=Schedule(schedule))
     return KernelRecord(
         index=index, id=kernel_id, config=config, stages=4, threads=384,
         contract=Contract(16, (div, div, div), MAX_EXTENT),
-        resources=Resources(168, 200000, 1024, 0, 0, False, {}), cubin=Blob("0" * 64, 24000),
+        resources=Resources(168, 200000, 1024, 0, 0, False, dict(sass or {})), cubin=Blob("0" * 64, 24000),
         source=Blob("0" * 64, 1000, f"sources/{kernel_id}.py.txt"), symbols=Symbols("p", "i", "l", "r"),
         catalog=CatalogRef("catalog/gemm/sm90.yaml", index), template=TemplateRef("sm90_gemm", "0" * 64),
         verified_on=tuple(Verified(sku, "2026-12-06", "580.159.04", 0.003) for sku in verified_on))

@@ -7,18 +7,20 @@ device's SKU (or the nearest SKU's: tilekiln/tuning/sku.py) wins if one exists
 for the problem's shape bucket; otherwise the analytic model estimates the
 time of each:
 
-    time ~ waves x (CTA tile work / per-CTA efficiency + a wave's DRAM bytes x cost per byte)
+    time ~ turns x max(tile work / rate + tile traffic, K steps x step floor)
 
-``waves`` counts how many rounds of the persistent grid the output cluster
-tiles need on this device's SM count (wave quantisation), the CTA tile work
-includes the padding a tile wastes at the matrix edge (tile efficiency), and
-the efficiency term favours tiles with more reuse per byte loaded and
-clusters that share loads through TMA multicast. The traffic term counts the
-A rows and B columns one wave of the raster walk touches (the swizzle band
-decides how many of each), each read from DRAM once per wave: a decode-sized
-GEMM is priced by the weight it streams, and a large grid walked without a
-swizzle band by the A panels every wave reloads. The model only ranks
-candidates; ``tilekiln tune`` replaces it with measurements where it errs.
+``turns`` counts how many output cluster tiles the busiest cluster of the persistent grid walks
+(wave quantisation on this device's resident clusters), the tile work includes the padding a tile
+wastes at the matrix edge (tile efficiency), and the efficiency term favours tiles with more
+reuse per byte loaded and clusters that share loads through TMA multicast. The traffic term
+counts the A rows and B columns one wave of the raster walk touches (the swizzle band decides how
+many of each), each read from DRAM once per wave: a decode-sized GEMM is priced by the weight it
+streams, and a large grid walked without a swizzle band by the A panels every wave reloads. The
+rate is the SM's full MMA rate where two warpgroups issue (a 128-row cooperative tile, a ping-pong
+CTA with two tiles) and ``lone_warpgroup`` of it where one does (a 64-row cooperative tile, a
+ping-pong CTA's last odd tile); a K step never takes less than the pipeline's round trip.
+The constants (:class:`ModelParams`) are fitted to measurements; the model only ranks
+candidates, and ``tilekiln tune`` replaces it with measurements where it errs.
 
 Where two accepted kernels differ only in their scheduler (``scheduler: clc`` beside the static
 walk: tilekiln/spec.py, Scheduler), the model prices them the same and the cluster-launch-control
@@ -29,8 +31,8 @@ overrides it per shape bucket.
 
 Callers that can run a split-K plan (torch tensors; ``tilekiln/splitk.py``)
 also get the fp32-partial kernels over K slices as candidates, named
-``<kernel id>/splitk<S>``; the model prices them at ``SPLIT_OVERHEAD`` times
-their sliced estimate.
+``<kernel id>/splitk<S>``; the model prices them at their sliced estimate plus
+the ordered sum's launch and the partials it reads (:func:`split_cost`).
 """
 
 from __future__ import annotations
@@ -40,34 +42,67 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from tilekiln.problem import GemmProblem, gated, ungated
-from tilekiln.spec import FAMILIES, GLU_BLOCK, KernelRecord, Scheduler, requested_fields
-from tilekiln.splitk import PARTIAL_DTYPE, SPLIT_OVERHEAD, label, sliced
+from tilekiln.spec import DTYPES, FAMILIES, GLU_BLOCK, KernelRecord, Schedule, Scheduler, requested_fields
+from tilekiln.splitk import PARTIAL_DTYPE, label, sliced
 from tilekiln.tuning.sku import TablePick
 
-# The model's reuse term: tile intensity m*n/(m+n) over itself plus this
-# constant (elements). With 20, 128x256 tiles rank above 128x128 above 64x128,
-# as the H200 measurements of the default catalog did (651, 598, 398 TFLOP/s
-# at 8192^3; bench/results).
-_REUSE_KNEE = 20.0
-# Each doubling of the cluster size, which halves one operand's L2 traffic
-# through multicast, measured 5-13% faster at 8192^3 on the H200.
-_MULTICAST_GAIN = 1.06
-# The same for a grouped kernel's cluster along M, whose CTAs share one group's B tile. Each
-# group's B is read only by that group's tiles, so the L2 holds less of it for a neighbour than a
-# dense B. With the expected padding of GroupedProblem.row_tiles, 1.2 ranks the H100's
-# grouped kernels as measured at 4096 tokens (bench/results/h100-2026-12-07-grouped-variants.json:
-# the fastest of 128x128/128x256 c1x1/c2x1 on all eight layer and routing rows, where 1.06 picked
-# c2x1 for Qwen3-30B-A3B's 256-row groups at 0.89 and 0.95 of the fastest). Its pick moves from
-# c1x1 to c2x1 at about 400 rows per group.
-_GROUPED_MULTICAST_GAIN = 1.2
-# The traffic term's price of one operand element read from DRAM, in MMA multiply-adds: about
-# 150 flop/byte (the H200's achieved bf16 rate over its DRAM bandwidth) is 150 MACs per 2-byte
-# element, and an 8-bit MMA runs twice the MACs on half the bytes, so the price per element holds
-# for fp8. Ranking the candidates of the H200 tuning measurements (bench/model_regret.py), the
-# term took the model's pick from 1.031 to 1.021 of the fastest (geomean; worst 1.19 to 1.08) in
-# bf16 and from 1.044 to 1.022 (worst 1.20 to 1.12) in fp8, and prices from 50 to 300 give the
-# same picks within 0.002.
-_MACS_PER_ELEMENT = 150.0
+@dataclass(frozen=True)
+class ModelParams:
+    """The selection model's constants, each fitted to measurements (the evidence is in the comments
+    of :data:`DEFAULT_MODEL`); a per-SKU tuning table may carry its own.
+
+    Units: the model's time unit is one multiply-add of an SM's tensor cores at the operands'
+    dense rate (an 8-bit MMA runs two per 16-bit one), so work, traffic and fixed costs add up.
+    """
+
+    # Reuse term: tile intensity m*n/(m+n) over itself plus this many elements.
+    reuse_knee: float
+    # Speed-up per doubling of a dense cluster (TMA multicast halves one operand's L2 traffic).
+    multicast_gain: float
+    # The same for a grouped kernel's cluster along M, whose CTAs share one group's B tile.
+    grouped_multicast_gain: float
+    # Price of one operand element an SM streams from DRAM, in MMA multiply-adds.
+    macs_per_element: float
+    # Rows of warpgroup MMAs (sm90) in flight at once that reach an SM's full MMA rate, and the
+    # share of it that fewer rows (a 64-row tile, cooperative or ping-pong) reach.
+    full_rate_rows: int
+    lone_warpgroup: float
+    # A 16-bit MMA's multiply-adds per microsecond on one SM, to put fixed costs in model units.
+    sm_macs_per_us: float
+    # The least time (us) one K step of a tile takes: the pipeline's round trip.
+    step_us: float
+    # What a split-K plan adds: the sum's launch (us) and each fp32 partial element it reads and
+    # adds (in model units).
+    launch_us: float
+    partial_element: float
+
+
+DEFAULT_MODEL = ModelParams(
+    # With 20, 128x256 tiles rank above 128x128 above 64x128, as the H200 measurements of the
+    # default catalog did (651, 598, 398 TFLOP/s at 8192^3; bench/results).
+    reuse_knee=20.0,
+    # Each doubling of the cluster size measured 5-13% faster at 8192^3 on the H200.
+    multicast_gain=1.06,
+    # Each group's B is read only by that group's tiles, so the L2 holds less of it for a
+    # neighbour than a dense B. With the expected padding of GroupedProblem.row_tiles, 1.2 ranks
+    # the H100's grouped kernels as measured at 4096 tokens (bench/results/h100-2026-12-07-grouped-
+    # variants.json: the fastest of 128x128/128x256 c1x1/c2x1 on all eight layer and routing rows,
+    # where 1.06 picked c2x1 for Qwen3-30B-A3B's 256-row groups at 0.89 and 0.95 of the fastest).
+    grouped_multicast_gain=1.2,
+    # About 150 flop/byte (the H200's achieved bf16 rate over its DRAM bandwidth) is 150 MACs per
+    # 2-byte element, and an 8-bit MMA runs twice the MACs on half the bytes, so the price per
+    # element holds for fp8. Ranking the candidates of the H200 tuning measurements
+    # (bench/model_regret.py), the term took the model's pick from 1.031 to 1.021 of the fastest
+    # (geomean; worst 1.19 to 1.08) in bf16 and from 1.044 to 1.022 (worst 1.20 to 1.12) in fp8.
+    macs_per_element=150.0,
+    full_rate_rows=128,
+    lone_warpgroup=0.7,
+    # H100 and H200 SXM: 989 dense bf16 TFLOP/s over 132 SMs.
+    sm_macs_per_us=3.75e6,
+    step_us=0.2,
+    launch_us=2.0,
+    partial_element=2.0,
+)
 
 
 @dataclass(frozen=True)
@@ -185,7 +220,14 @@ def wave_window(rows: int, cols: int, clusters: int, band: int) -> tuple[int, in
     return rows, min(cols, math.ceil(clusters / rows))
 
 
-def estimate(kernel: KernelRecord, problem: GemmProblem, resident: int) -> float:
+def warpgroup_mma(kernel: KernelRecord) -> bool:
+    """Whether ``kernel``'s MMAs are warpgroup MMAs (sm90's wgmma, by its SASS census), whose
+    rate depends on how many warpgroups issue them at once."""
+    sass = kernel.resources.sass
+    return any(sass.get(op, 0) for op in ("HGMMA", "QGMMA", "IGMMA"))
+
+
+def estimate(kernel: KernelRecord, problem: GemmProblem, resident: int, model: ModelParams = DEFAULT_MODEL) -> float:
     """Relative run time of ``kernel`` on ``problem`` when ``resident`` of its clusters run at once."""
     cfg = kernel.config
     tm, tn = cfg.tile.m, cfg.tile.n
@@ -197,11 +239,10 @@ def estimate(kernel: KernelRecord, problem: GemmProblem, resident: int) -> float
     tiles_m = math.ceil(m / (tm * cm)) if cfg.swap_ab else problem.row_tiles(tm * cm)
     tiles_n = math.ceil(math.ceil(n / tn) / cn)
     items = tiles_m * tiles_n * problem.batch
-    waves = math.ceil(items / resident)
     intensity = tm * tn / (tm + tn)
-    gain_m = _GROUPED_MULTICAST_GAIN if FAMILIES[problem.family].indices else _MULTICAST_GAIN
-    efficiency = (intensity / (intensity + _REUSE_KNEE) * gain_m ** math.log2(cm)
-                  * _MULTICAST_GAIN ** math.log2(kernel.cluster_size / cm))
+    gain_m = model.grouped_multicast_gain if FAMILIES[problem.family].indices else model.multicast_gain
+    efficiency = (intensity / (intensity + model.reuse_knee) * gain_m ** math.log2(cm)
+                  * model.multicast_gain ** math.log2(kernel.cluster_size / cm))
     clusters = min(resident, items)
     # A wave wider than one batch entry's grid spans several entries, each with its own operands.
     per_entry = tiles_m * tiles_n
@@ -212,17 +253,46 @@ def estimate(kernel: KernelRecord, problem: GemmProblem, resident: int) -> float
         cols, rows = wave_window(tiles_n, tiles_m, within, cfg.swizzle)
     # Rows past M and columns past N are TMA zero-fill, never read.
     elements = (min(rows * cm * tm, m) + min(cols * cn * tn, n)) * math.ceil(clusters / per_entry)
-    traffic = elements * k * _MACS_PER_ELEMENT / (clusters * kernel.cluster_size)
-    return waves * (tm * tn * k / efficiency + traffic)
+    mma = tm * tn * k / efficiency
+    traffic = elements * k * model.macs_per_element / (clusters * kernel.cluster_size)
+    # A K step costs at least a round trip of the pipeline, however little it computes: a 64x16
+    # tile's 64-deep steps (4 MMAs) took 0.21 us each on the H100 (DeepSeek-V3's kv_a_proj, 112
+    # steps in 24 us at every M from 1 to 205; h100-2026-12-07-sweep-bf16-shard1of4-partial.json).
+    floor = math.ceil(k / cfg.tile.k) * model.step_us * model.sm_macs_per_us * mma_rate(problem)
+    # The busiest cluster's share of the tiles: each cluster walks its own in turn.
+    turns = math.ceil(items / resident)
+
+    def tile(rate: float) -> float:
+        return max(mma / rate + traffic, floor)
+
+    # Warpgroup MMAs run at the SM's full rate where full_rate_rows are in flight at once: two
+    # 64-row warpgroups of a cooperative tile, or the one warpgroup of a 128-row ping-pong tile. A
+    # 64-row tile issues from one warpgroup at a time (ping-pong's two take turns at the mainloop,
+    # the point being that one's epilogue overlaps the other's MMAs), at lone_warpgroup the rate.
+    lone = warpgroup_mma(kernel) and tm < model.full_rate_rows
+    return turns * tile(model.lone_warpgroup if lone else 1.0)
+
+
+def split_cost(problem: GemmProblem, split: int, model: ModelParams = DEFAULT_MODEL) -> float:
+    """What running ``problem`` as ``split`` K slices adds to the slices' own estimate: the
+    launch of the ordered sum and the fp32 partials it reads (tilekiln/splitk.py), spread over
+    the device like the sum itself."""
+    return (model.launch_us * model.sm_macs_per_us * mma_rate(problem)
+            + split * problem.m * problem.n * model.partial_element)
+
+
+def mma_rate(problem: GemmProblem) -> float:
+    """Multiply-adds the tensor cores run per 16-bit one at the problem's operand width (8-bit: two)."""
+    return 16 / DTYPES[problem.a_dtype].bits
 
 
 def choose(kernels: tuple[KernelRecord, ...], problem: GemmProblem, sm_count: int,
            tuning: TablePick, splits: tuple[int, ...] = (1,),
-           resident: Callable[[KernelRecord], int] | None = None) -> Choice:
+           resident: Callable[[KernelRecord], int] | None = None, model: ModelParams = DEFAULT_MODEL) -> Choice:
     """The kernel (and K split, among ``splits``) for ``problem``: tuned if the device's table
     (``tuning``: tilekiln/tuning/sku.py) names an accepted candidate for its bucket, else the
     model's best. ``resident``: how many clusters of a kernel the device holds at once (default
-    :func:`nominal_clusters`)."""
+    :func:`nominal_clusters`); ``model``: the model's constants for the device."""
     if resident is None:
         def resident(k: KernelRecord) -> int:
             return nominal_clusters(k, sm_count)
@@ -238,7 +308,7 @@ def choose(kernels: tuple[KernelRecord, ...], problem: GemmProblem, sm_count: in
             if why is not None:
                 candidates.append(Candidate(k, False, why, split=split))
                 continue
-            cost = estimate(k, run, resident(k)) * (SPLIT_OVERHEAD if split > 1 else 1.0)
+            cost = estimate(k, run, resident(k), model) + (split_cost(problem, split, model) if split > 1 else 0.0)
             reason = "contract fits" if split == 1 else f"contract fits {split} slices of K = {run.k}"
             candidates.append(Candidate(k, True, reason, cost, split, run))
     accepted = [c for c in candidates if c.accepted]

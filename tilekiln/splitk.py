@@ -26,9 +26,6 @@ from tilekiln.spec import itemsize
 SPLITS = (2, 3, 4, 6, 7, 8, 12, 14, 16)
 # Shallower slices make the workspace round trip cost more than the extra CTAs buy.
 MIN_SLICE_K = 512
-# The analytic model's price for the workspace round trip and the two extra
-# launches of the sum; measured choices (`tilekiln tune`) replace it.
-SPLIT_OVERHEAD = 1.25
 # Problems whose partials would need more than this are large enough in M x N
 # to fill the machine unsplit; the bound also caps the workspace each call allocates.
 MAX_WORKSPACE_BYTES = 64 * 2**20

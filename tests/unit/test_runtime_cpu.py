@@ -12,8 +12,10 @@ import pytest
 from tilekiln.errors import NoKernelError
 from tilekiln.bundle import Bundle, DeviceInfo
 from tilekiln.problem import make_problem
-from tilekiln.select import bucket_ceiling, check_kernel, choose, estimate, nominal_clusters, shape_bucket
-from tilekiln.splitk import label, parse_label, sliced
+from tilekiln.select import (DEFAULT_MODEL, bucket_ceiling, check_kernel, choose, estimate, nominal_clusters,
+                             shape_bucket, split_cost)
+from tilekiln.spec import Schedule, Tile
+from tilekiln.splitk import SPLITS, label, parse_label, sliced
 from tests.records import H100_SXM, H200, kernel_record, manifest, op, pick, write_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -720,3 +722,64 @@ def test_the_model_prices_the_operand_panels_a_wave_reloads():
     assert estimate(banded, small, 66) == pytest.approx(estimate(plain, small, 66), rel=0.02)
     # A decode-sized M is priced by the weight it streams: rows past M are never read.
     assert estimate(plain, tn(16, 8192, 8192), 66) < estimate(plain, tn(128, 8192, 8192), 66)
+
+
+# -- the model's warpgroup, K-step and split-K terms ----------------------------------------------
+
+WGMMA = {"HGMMA": 4}
+
+
+def test_a_warpgroup_alone_issues_slower_than_two():
+    """A 64-row cooperative tile has one MMA warpgroup; the model prices it at the lone-warpgroup
+    rate, so at M = 144 against a wide N (three 64-row tiles or two 128-row ones) the 128-row
+    tile wins, as measured (64x128 c1x2 read 0.42 of cuBLAS at 144x128256x8192 on the H100)."""
+    narrow = kernel_record(20, "narrow", (64, 128, 64), (1, 2), sass=WGMMA)
+    wide = kernel_record(21, "wide", (128, 256, 64), sass=WGMMA)
+    lm_head = tn(144, 128256, 8192)
+    assert choose((narrow, wide), lm_head, 132, pick()).kernel is wide
+    # Without the warpgroup term (a census with no warpgroup MMA) the narrow tile ranked first.
+    plain = (replace(narrow, resources=replace(narrow.resources, sass={})),
+             replace(wide, resources=replace(wide.resources, sass={})))
+    assert choose(plain, lm_head, 132, pick()).kernel.id == "narrow"
+    model = DEFAULT_MODEL
+    assert estimate(narrow, lm_head, 66) == pytest.approx(estimate(plain[0], lm_head, 66) / model.lone_warpgroup,
+                                                          rel=0.35)
+
+
+def test_ping_pong_warpgroups_take_turns_at_the_mma():
+    """Ping-pong's two warpgroups alternate mainloops (one's epilogue overlaps the other's MMAs),
+    so a 64-row ping-pong tile issues at the lone rate like a 64-row cooperative one (64x192 read
+    0.52 to 0.67 of cuBLAS at M = 144 on the H100), and a 128-row one at the full rate."""
+    pingpong = kernel_record(22, "pp", (64, 192, 64), schedule="pingpong", sass=WGMMA)
+    cooperative = replace(pingpong, id="coop", config=replace(pingpong.config, schedule=Schedule.COOPERATIVE))
+    for p in (tn(144, 7168, 16384), tn(144, 57344, 8192)):
+        assert estimate(pingpong, p, 132) == pytest.approx(estimate(cooperative, p, 132))
+        unit = replace(pingpong, resources=replace(pingpong.resources, sass={}))
+        assert estimate(pingpong, p, 132) > 1.2 * estimate(unit, p, 132)
+    wide = replace(pingpong, config=replace(pingpong.config, tile=Tile(128, 192, 64)))
+    assert estimate(wide, tn(4096, 4096, 4096), 132) == pytest.approx(
+        estimate(replace(wide, resources=replace(wide.resources, sass={})), tn(4096, 4096, 4096), 132))
+
+
+def test_a_k_step_costs_at_least_the_pipeline_round_trip():
+    """DeepSeek-V3's kv_a_proj (N 576, K 7168) took 24 us on 64x16 swapped tiles at every M from
+    1 to 205: 112 K steps at the model's step floor, not the few MMAs each step runs."""
+    swapped = kernel_record(23, "swap", (64, 16, 64), (2, 1), swap_ab=True, sass=WGMMA)
+    model = DEFAULT_MODEL
+    floor = 7168 // 64 * model.step_us * model.sm_macs_per_us
+    for m in (1, 23, 144):
+        assert floor <= estimate(swapped, tn(m, 576, 7168), 66) < 1.1 * floor
+
+
+def test_split_k_adds_the_sum_to_the_slices_estimate():
+    partial = kernel_record(24, "part", (64, 16, 64), swap_ab=True, dtypes=("bf16", "bf16", "f32", "f32"),
+                            sass=WGMMA)
+    unsplit = kernel_record(25, "swap", (64, 16, 64), (2, 1), swap_ab=True, sass=WGMMA)
+    kv_a = tn(23, 576, 7168)
+    choice = choose((partial, unsplit), kv_a, 132, pick(), (1, *SPLITS))
+    assert choice.kernel is partial and choice.split > 1
+    chosen = next(c for c in choice.candidates if c.accepted and c.label == choice.label)
+    assert chosen.estimate == pytest.approx(estimate(partial, sliced(kv_a, choice.split), 132)
+                                            + split_cost(kv_a, choice.split))
+    # The sum's cost grows with the slices: more slices than K steps pay for nothing.
+    assert split_cost(kv_a, 14) > split_cost(kv_a, 2) > 0
