@@ -77,9 +77,10 @@ class Sku:
     """A GPU model as the driver describes it: what a tuning table was measured on, and what
     finds the nearest SKU's table for a device that has none of its own (tilekiln/tuning/sku.py).
     A table read from a manifest of schema 2.6 or older states only its device name, so its
-    SM count and memory are None there (unknown: they rank after every known value)."""
+    SM count and memory are None there (unknown: they rank after every known value); a device
+    whose driver cannot be asked has no name (Bundle._query_device)."""
 
-    name: str  # cuDeviceGetName, as torch.cuda.get_device_name reports it: "NVIDIA H100 80GB HBM3"
+    name: str | None  # cuDeviceGetName, as torch.cuda.get_device_name reports it: "NVIDIA H100 80GB HBM3"
     compute_capability: tuple[int, int]
     sm_count: int | None  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
     memory_mib: int | None  # cuDeviceTotalMem // 2**20 (torch's total_memory // 2**20)

@@ -71,6 +71,11 @@ def test_a_device_without_a_table_of_its_own_selects_by_the_nearest_skus():
         "table of NVIDIA B200, nearest SKU to NVIDIA H100 PCIe: sm_100 vs sm_90, 114 vs 114 SMs")
     # the order the tables come in decides nothing
     assert pick_table((sxm, h200, blackwell), H100_PCIE).table is sxm
+    # a device the driver cannot name (only a stand-in for the CUDA runtime answers without one)
+    unnamed = pick_table((h200, blackwell), Sku(None, (9, 0), 132, None))
+    assert unnamed.table is h200 and not unnamed.exact
+    assert unnamed.source() == ("table of NVIDIA H200, nearest SKU to an unnamed device: same sm_90, 132 vs 132 SMs, "
+                                "143156 vs ? MiB")
 
 
 def test_explain_names_the_nearest_skus_table_and_the_model_when_there_is_none(tmp_path):

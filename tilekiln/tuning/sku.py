@@ -29,6 +29,8 @@ def sku_distance(table: Sku, device: Sku) -> tuple:
        against 141 GB HBM3e at 4.8 TB/s on Hopper), which ranks the memory-bound shapes;
     4. the table's device name, so that equal distances pick the same table in every process.
 
+    A device the driver cannot name (Bundle._query_device) never matches a table exactly.
+
     A fact a table does not state (a manifest of schema 2.6 or older) counts as farther than
     any stated one.
     """
@@ -67,7 +69,8 @@ class TablePick:
         t, d = self.table.sku, self.device
         cc = (f"same {_arch(d.compute_capability)}" if t.compute_capability == d.compute_capability
               else f"{_arch(t.compute_capability)} vs {_arch(d.compute_capability)}")
-        return (f"table of {t.name}, nearest SKU to {d.name}: {cc}, {_facts(t.sm_count, d.sm_count, 'SMs')}, "
+        return (f"table of {t.name}, nearest SKU to {d.name or 'an unnamed device'}: {cc}, "
+                f"{_facts(t.sm_count, d.sm_count, 'SMs')}, "
                 f"{_facts(t.memory_mib, d.memory_mib, 'MiB')}")
 
     def decided(self, tuned: bool, bucket: str) -> str:
