@@ -26,6 +26,7 @@ from tilekiln._json import load_object
 from tilekiln.bundle_files import (MANIFEST_NAME, SIGNATURE_NAME, UNLISTED, Identity, check_entries, identity,
                                    open_directory, read_file, scan)
 from tilekiln.errors import BundleCompatibilityError, BundleIntegrityError
+from tilekiln.model import model_of
 from tilekiln.spec import KernelRecord, plain_int
 
 SUPPORTED_SCHEMA_MAJOR = 2
@@ -146,6 +147,7 @@ def _model(data: dict) -> tuple[tuple[str, float], ...]:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"model.{name}: {value!r} is not a finite number")
         out.append((str(name), float(value)))
+    model_of(tuple(out))  # a parameter the selection model does not have is refused here, not at a call
     return tuple(sorted(out))
 
 

@@ -41,68 +41,11 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from tilekiln.model import DEFAULT_MODEL, ModelParams, model_of
 from tilekiln.problem import GemmProblem, gated, ungated
 from tilekiln.spec import DTYPES, FAMILIES, GLU_BLOCK, KernelRecord, Schedule, Scheduler, requested_fields
 from tilekiln.splitk import PARTIAL_DTYPE, label, sliced
 from tilekiln.tuning.sku import TablePick
-
-@dataclass(frozen=True)
-class ModelParams:
-    """The selection model's constants, each fitted to measurements (the evidence is in the comments
-    of :data:`DEFAULT_MODEL`); a per-SKU tuning table may carry its own.
-
-    Units: the model's time unit is one multiply-add of an SM's tensor cores at the operands'
-    dense rate (an 8-bit MMA runs two per 16-bit one), so work, traffic and fixed costs add up.
-    """
-
-    # Reuse term: tile intensity m*n/(m+n) over itself plus this many elements.
-    reuse_knee: float
-    # Speed-up per doubling of a dense cluster (TMA multicast halves one operand's L2 traffic).
-    multicast_gain: float
-    # The same for a grouped kernel's cluster along M, whose CTAs share one group's B tile.
-    grouped_multicast_gain: float
-    # Price of one operand element an SM streams from DRAM, in MMA multiply-adds.
-    macs_per_element: float
-    # Rows of warpgroup MMAs (sm90) in flight at once that reach an SM's full MMA rate, and the
-    # share of it that fewer rows (a 64-row tile, cooperative or ping-pong) reach.
-    full_rate_rows: int
-    lone_warpgroup: float
-    # A 16-bit MMA's multiply-adds per microsecond on one SM, to put fixed costs in model units.
-    sm_macs_per_us: float
-    # The least time (us) one K step of a tile takes: the pipeline's round trip.
-    step_us: float
-    # What a split-K plan adds: the sum's launch (us) and each fp32 partial element it reads and
-    # adds (in model units).
-    launch_us: float
-    partial_element: float
-
-
-DEFAULT_MODEL = ModelParams(
-    # With 20, 128x256 tiles rank above 128x128 above 64x128, as the H200 measurements of the
-    # default catalog did (651, 598, 398 TFLOP/s at 8192^3; bench/results).
-    reuse_knee=20.0,
-    # Each doubling of the cluster size measured 5-13% faster at 8192^3 on the H200.
-    multicast_gain=1.06,
-    # Each group's B is read only by that group's tiles, so the L2 holds less of it for a
-    # neighbour than a dense B. With the expected padding of GroupedProblem.row_tiles, 1.2 ranks
-    # the H100's grouped kernels as measured at 4096 tokens (bench/results/h100-2026-12-07-grouped-
-    # variants.json: the fastest of 128x128/128x256 c1x1/c2x1 on all eight layer and routing rows,
-    # where 1.06 picked c2x1 for Qwen3-30B-A3B's 256-row groups at 0.89 and 0.95 of the fastest).
-    grouped_multicast_gain=1.2,
-    # About 150 flop/byte (the H200's achieved bf16 rate over its DRAM bandwidth) is 150 MACs per
-    # 2-byte element, and an 8-bit MMA runs twice the MACs on half the bytes, so the price per
-    # element holds for fp8. Ranking the candidates of the H200 tuning measurements
-    # (bench/model_regret.py), the term took the model's pick from 1.031 to 1.021 of the fastest
-    # (geomean; worst 1.19 to 1.08) in bf16 and from 1.044 to 1.022 (worst 1.20 to 1.12) in fp8.
-    macs_per_element=150.0,
-    full_rate_rows=128,
-    lone_warpgroup=0.7,
-    # H100 and H200 SXM: 989 dense bf16 TFLOP/s over 132 SMs.
-    sm_macs_per_us=3.75e6,
-    step_us=0.2,
-    launch_us=2.0,
-    partial_element=2.0,
-)
 
 
 @dataclass(frozen=True)
@@ -288,11 +231,14 @@ def mma_rate(problem: GemmProblem) -> float:
 
 def choose(kernels: tuple[KernelRecord, ...], problem: GemmProblem, sm_count: int,
            tuning: TablePick, splits: tuple[int, ...] = (1,),
-           resident: Callable[[KernelRecord], int] | None = None, model: ModelParams = DEFAULT_MODEL) -> Choice:
+           resident: Callable[[KernelRecord], int] | None = None, model: ModelParams | None = None) -> Choice:
     """The kernel (and K split, among ``splits``) for ``problem``: tuned if the device's table
     (``tuning``: tilekiln/tuning/sku.py) names an accepted candidate for its bucket, else the
     model's best. ``resident``: how many clusters of a kernel the device holds at once (default
-    :func:`nominal_clusters`); ``model``: the model's constants for the device."""
+    :func:`nominal_clusters`); ``model``: the model's constants (default: the table's fitted ones
+    over :data:`tilekiln.model.DEFAULT_MODEL`)."""
+    if model is None:
+        model = model_of(tuning.model)
     if resident is None:
         def resident(k: KernelRecord) -> int:
             return nominal_clusters(k, sm_count)

@@ -19,6 +19,9 @@ on devices of this SKU (and on those whose nearest SKU it is:
 tilekiln/tuning/sku.py) for every problem in those buckets whose contract it
 accepts: a process that opens the bundle reads the file, and this process's
 open Bundle is told to read it again (``Bundle.reload_tuning``).
+After the last shape (and after ``--merge``), the selection model's constants are fitted to all
+of the table's measurements (tilekiln/tuning/fit.py) and kept as its ``model``, so the shapes no
+bucket holds are ranked as this card ranks them.
 ``--table-out`` also writes this device's whole table (its build-time table of
 the same device, if any, with the file's buckets over it; never another
 SKU's): committed as ``catalog/tuning/<bundle>/<device>.json``, every later
@@ -35,6 +38,7 @@ same way.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -42,6 +46,7 @@ from pathlib import Path
 from tilekiln._files import write_atomic
 from tilekiln.errors import BundleError
 from tilekiln.manifest import MANIFEST_NAME, Sku
+from tilekiln.tuning.fit import fit, samples
 from tilekiln.tuning.merge import combine, mergeable, read_run
 from tilekiln.tuning.models import ConfigError, linear_layers, read_config, split_held_out, token_grid
 from tilekiln.tuning.models import shapes as models_shapes
@@ -103,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"--merge: left out {copies} copied or merged entries (each run's own measurements count once)",
                   file=sys.stderr)
         table = combine(runs)
-        _write(args, bundle, bundle.tuning_file, table, read[0][1])
+        _write(args, bundle, bundle.tuning_file, table, read[0][1], fit_model=True)
         print(f"wrote {len(table)} buckets to {bundle.directory / TUNING_NAME}", file=sys.stderr)
         return
     shapes = model_shapes(args.model) + (parse_shapes(args.shapes) if args.shapes else [])
@@ -120,6 +125,7 @@ def main(argv: list[str] | None = None) -> None:
         # The shapes before this one are in the tuning file already (``record``).
         raise SystemExit(f"tilekiln tune: {exc}; the buckets measured before it are written, "
                          "re-run with --shapes leaving that shape out")
+    _write(args, bundle, earlier, table, device, fit_model=True)
     print(f"wrote {len(table)} buckets to {bundle.directory / TUNING_NAME}", file=sys.stderr)
 
 
@@ -138,12 +144,20 @@ def _describe(sku: Sku) -> str:
             f"{sku.memory_mib} MiB")
 
 
-def _write(args, bundle, earlier, entries: dict[str, dict], device: Sku) -> None:
+def _write(args, bundle, earlier, entries: dict[str, dict], device: Sku, fit_model: bool = False) -> None:
     """``entries`` over the table of ``device`` in ``earlier`` (the tuning file's tables), the
     other devices' tables kept, as the bundle's tuning file, which ``bundle`` then selects by;
     with ``--table-out``, also ``device``'s whole table: its build-time table, if the manifest
-    has one of this device, with the file's buckets over it."""
+    has one of this device, with the file's buckets over it. ``fit_model``: also fit the
+    selection model to all of that table's measurements (tilekiln/tuning/fit.py) and keep the
+    fitted constants as its ``model``."""
     measured = add_measured(table_of(earlier, device.name), entries, device)
+    if fit_model:
+        whole = overlay(table_of(bundle.manifest.tuning_tables, device.name), measured)
+        kernels = {kernel.id: kernel for kernel in bundle.kernels}
+        fitted = fit(samples(whole.measurements, kernels), kernels, device.sm_count,
+                     log=lambda line: print(line, file=sys.stderr))
+        measured = dataclasses.replace(measured, model=fitted.fitted)
     write_tuning_file(bundle.directory, replace_table(earlier, measured), bundle.manifest.sha256)
     bundle.reload_tuning()
     if args.table_out is not None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -32,6 +32,7 @@ from builder.diagnostics import Diagnostic, DiagnosticError, Location
 from builder.load.jsonsrc import load_json
 from builder.load.paths import display_path
 from builder.load.pydantic_errors import diagnostics_from_validation
+from tilekiln.model import PARAMETERS
 from tilekiln.spec import DTYPES, LAYOUT_CODES, KernelIdError, parse_kernel_id
 from tilekiln.splitk import SPLITS, label, parse_label
 
@@ -45,8 +46,8 @@ Bucket = Annotated[str, Field(pattern=rf"^{_DTYPE}/{_DTYPE}->{_DTYPE}:(?:{'|'.jo
 # The GPU's name as the driver gives it, e.g. "NVIDIA H100 80GB HBM3".
 Device = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._()-]{0,79}$")]
 Milliseconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-# A fitted parameter of tilekiln/select.py's model, e.g. "macs_per_element".
-ParameterName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
+# A fitted parameter of the selection model (tilekiln/model.py), e.g. "macs_per_element".
+ParameterName = Literal[PARAMETERS]
 
 
 def _choice(text: str) -> str:
@@ -78,6 +79,8 @@ class Measurement(_Record):
     baseline_ms: Milliseconds | None = None
     runs: int | None = Field(default=None, ge=1)
     screen: dict[Choice, Milliseconds] | None = None
+    # The choices the screen cut: each one's probe over the fastest probe (tilekiln/tuning/policy.py).
+    cut: dict[Choice, Annotated[float, Field(ge=1, allow_inf_nan=False)]] | None = None
     samples: dict[Choice, list[tuple[Milliseconds, Milliseconds]]] | None = None
 
 

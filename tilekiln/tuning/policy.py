@@ -160,8 +160,13 @@ def tune(bundle, shapes: list[tuple[int, int, int]], dtype_name: str, iters: int
             baseline(i)
         base = graphed(baseline, f"{m}x{n}x{k} baseline")
         per_round = max(1, iters // ROUNDS)
-        screen = measure_candidates(labels, lambda kid: warm_ms(runner(kid)),
-                                    lambda kid: graph_ms(replay(kid), per_round, 0),
+        probes: dict[str, float] = {}
+
+        def probe(kid):
+            probes[kid] = warm_ms(runner(kid))
+            return probes[kid]
+
+        screen = measure_candidates(labels, probe, lambda kid: graph_ms(replay(kid), per_round, 0),
                                     lambda: graph_ms(base, per_round, 0))
         if not screen.candidates:
             continue
@@ -183,6 +188,10 @@ def tune(bundle, shapes: list[tuple[int, int, int]], dtype_name: str, iters: int
                              "baseline_ms": round(timings.reference_ms, TIME_DECIMALS),
                              "candidates": {kid: round(t, TIME_DECIMALS) for kid, t in sorted(times.items())},
                              "screen": {kid: round(t, TIME_DECIMALS) for kid, t in sorted(screen.candidates.items())},
+                             # what the screen cut, as its probe over the fastest probe (over CUT): the
+                             # model fit (tilekiln/tuning/fit.py) scores a pick of one at least that slow
+                             "cut": {kid: round(t / min(probes.values()), 2) for kid, t in sorted(probes.items())
+                                     if kid not in screen.candidates},
                              "samples": {kid: [[round(t, TIME_DECIMALS), round(ref, TIME_DECIMALS)] for t, ref in pairs]
                                          for kid, pairs in sorted(timings.samples.items())}}
         print(f"{m:6d}x{n:6d}x{k:6d} {bucket:32s} {best} {flops / times[best] / 1e9:7.1f} TFLOP/s "
