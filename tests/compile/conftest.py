@@ -17,17 +17,21 @@ from tests.fixture_catalogs import make_project as fixture_project
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SMALL_CATALOG = """pipeline: sm90
-targets: [sm_90a]
-defaults:
-  dtypes: {a: bf16, b: bf16, acc: f32, c: bf16}
-  layout: tn
-kernels:
+
+
+def sm90_catalog(kernels: str, **defaults: str) -> str:
+    """The text of a catalog file for sm_90a: ``defaults`` (field: YAML value, in order) under
+    ``defaults:``, then ``kernels``, the YAML list of items."""
+    lines = ["pipeline: sm90", "targets: [sm_90a]", "defaults:", *(f"  {k}: {v}" for k, v in defaults.items())]
+    return "\n".join([*lines, "kernels:", ""]) + kernels
+
+
+SMALL_CATALOG = sm90_catalog("""\
   - tile: [128, 128, 64]
     cluster: [1, 1]
   - tile: [64, 128, 64]
     cluster: [1, 2]
-"""
+""", dtypes="{a: bf16, b: bf16, acc: f32, c: bf16}", layout="tn")
 
 
 def make_project(base: Path, catalog: str = SMALL_CATALOG) -> Path:

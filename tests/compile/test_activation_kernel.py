@@ -8,25 +8,18 @@ from collections import Counter
 import pytest
 
 from builder.compile.cubin import disassemble
-from tests.compile.conftest import make_project, run_build
+from tests.compile.conftest import make_project, run_build, sm90_catalog
 
 pytestmark = pytest.mark.compile
 
-CATALOG = """pipeline: sm90
-targets: [sm_90a]
-defaults:
-  dtypes: {a: bf16, b: bf16, acc: f32, c: bf16}
-  layout: tn
-  tile: [128, 128, 64]
-  cluster: [1, 1]
-kernels:
+CATALOG = sm90_catalog("""\
   - sweep:
       activation: [none, relu, silu, gelutanh, geluerf]
   # fp8: the per-tensor scales are applied before the activation
   - dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}
     tile: [128, 128, 128]
     activation: silu
-"""
+""", dtypes="{a: bf16, b: bf16, acc: f32, c: bf16}", layout="tn", tile="[128, 128, 64]", cluster="[1, 1]")
 
 # The instruction each activation cannot do without: a float max for relu, the exponential
 # unit for silu (its sigmoid) and both GELU forms (tanh and erf are built from exp).

@@ -9,19 +9,12 @@ import re
 import pytest
 
 from builder.compile.cubin import disassemble
-from tests.compile.conftest import make_project, run_build
+from tests.compile.conftest import make_project, run_build, sm90_catalog
 from tests.compile.test_launch_record import Recorded, link_recording_library, run_kernel
 
 pytestmark = pytest.mark.compile
 
-CATALOG = """pipeline: sm90
-targets: [sm_90a]
-defaults:
-  dtypes: {a: bf16, b: bf16, acc: f32, c: bf16}
-  layout: tn
-  tile: [128, 128, 64]
-  cluster: [1, 1]
-kernels:
+CATALOG = sm90_catalog("""\
   - sweep:
       residual: [none, add]
       scalars: [none, alphabeta]
@@ -29,7 +22,7 @@ kernels:
     tile: [64, 16, 64]
     residual: add
     scalars: alphabeta
-"""
+""", dtypes="{a: bf16, b: bf16, acc: f32, c: bf16}", layout="tn", tile="[128, 128, 64]", cluster="[1, 1]")
 
 BF16 = "gemm_sm90_bf16_bf16_f32_bf16_tn_128x128x64_c1x1"
 SWAPPED = "gemm_sm90_bf16_bf16_f32_bf16_tn_64x16x64_c1x1_swapab_resadd_alphabeta"

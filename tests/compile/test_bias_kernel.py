@@ -10,19 +10,12 @@ from collections import Counter
 import pytest
 
 from builder.compile.cubin import disassemble
-from tests.compile.conftest import make_project, run_build
+from tests.compile.conftest import make_project, run_build, sm90_catalog
 from tests.compile.test_launch_record import Recorded, link_recording_library, run_kernel
 
 pytestmark = pytest.mark.compile
 
-CATALOG = """pipeline: sm90
-targets: [sm_90a]
-defaults:
-  dtypes: {a: bf16, b: bf16, acc: f32, c: bf16}
-  layout: tn
-  tile: [128, 128, 64]
-  cluster: [1, 1]
-kernels:
+CATALOG = sm90_catalog("""\
   - sweep:
       bias: [none, bf16, f32]
   - bias: bf16
@@ -35,7 +28,7 @@ kernels:
   - dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}
     tile: [128, 128, 128]
     bias: bf16
-"""
+""", dtypes="{a: bf16, b: bf16, acc: f32, c: bf16}", layout="tn", tile="[128, 128, 64]", cluster="[1, 1]")
 
 BASE = "gemm_sm90_bf16_bf16_f32_bf16_tn_128x128x64_c1x1"
 # A 16-bit global load for a bf16 bias, a 32-bit one for f32 (no width suffix).

@@ -8,19 +8,13 @@ import re
 import pytest
 
 from builder.compile.cubin import disassemble
-from tests.compile.conftest import make_project, run_build
+from tests.compile.conftest import make_project, run_build, sm90_catalog
 
 pytestmark = pytest.mark.compile
 
 # In a 2x1 cluster the MMA's B is multicast along the cluster's M and its A is
 # not, so the SASS tells which operand a load belongs to.
-CATALOG = """pipeline: sm90
-targets: [sm_90a]
-defaults:
-  dtypes: {a: bf16, b: bf16, acc: f32, c: bf16}
-  layout: tn
-  cluster: [2, 1]
-kernels:
+CATALOG = sm90_catalog("""\
   - tile: [64, 128, 64]
     schedule: pingpong
     sweep:
@@ -29,7 +23,7 @@ kernels:
   - tile: [64, 16, 64]
     swap_ab: true
     evict_first: [b]
-"""
+""", dtypes="{a: bf16, b: bf16, acc: f32, c: bf16}", layout="tn", cluster="[2, 1]")
 
 # A TMA load's last operand is its cache policy: desc[URZ] when it has none.
 _LOAD_RE = re.compile(r"UTMALDG\.\w+(?P<multicast>\.MULTICAST)?\s.*desc\[(?P<policy>UR\w+)\]")

@@ -12,19 +12,12 @@ from collections import Counter
 import pytest
 
 from builder.compile.cubin import disassemble
-from tests.compile.conftest import make_project, run_build
+from tests.compile.conftest import make_project, run_build, sm90_catalog
 from tests.compile.test_launch_record import Recorded, link_recording_library, run_kernel
 
 pytestmark = pytest.mark.compile
 
-CATALOG = """pipeline: sm90
-targets: [sm_90a]
-defaults:
-  dtypes: {a: e4m3, b: e4m3, acc: f32, c: e4m3}
-  layout: tn
-  tile: [128, 128, 128]
-  cluster: [1, 1]
-kernels:
+CATALOG = sm90_catalog("""\
   - {}
   - dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}
   - tile: [128, 256, 128]
@@ -35,7 +28,7 @@ kernels:
     activation: relu
   - swap_ab: true
     tile: [64, 32, 128]
-"""
+""", dtypes="{a: e4m3, b: e4m3, acc: f32, c: e4m3}", layout="tn", tile="[128, 128, 128]", cluster="[1, 1]")
 
 FP8_OUT = "gemm_sm90_e4m3_e4m3_f32_e4m3_tn_128x128x128_c1x1"
 BF16_OUT = "gemm_sm90_e4m3_e4m3_f32_bf16_tn_128x128x128_c1x1"

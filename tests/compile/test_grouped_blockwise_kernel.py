@@ -15,26 +15,19 @@ import re
 import pytest
 
 from builder.compile.cubin import disassemble
-from tests.compile.conftest import make_project, run_build
+from tests.compile.conftest import make_project, run_build, sm90_catalog
 from tests.compile.test_launch_record import Recorded, check_grouped_launches, link_recording_library
 from tilekiln.problem import requested_epilogue
 
 pytestmark = pytest.mark.compile
 
-CATALOG = """pipeline: sm90
-targets: [sm_90a]
-defaults:
-  dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}
-  layout: tn
-  scaling: blockwise
-  cluster: [1, 1]
-kernels:
+CATALOG = sm90_catalog("""\
   - family: grouped
     tile: [128, 128, 128]
   - family: grouped_masked
     tile: [64, 128, 128]
     schedule: pingpong
-"""
+""", dtypes="{a: e4m3, b: e4m3, acc: f32, c: bf16}", layout="tn", scaling="blockwise", cluster="[1, 1]")
 CONTIGUOUS = "grouped_sm90_e4m3_e4m3_f32_bf16_tn_128x128x128_c1x1_blockwise"
 MASKED = "grouped_masked_sm90_e4m3_e4m3_f32_bf16_tn_64x128x128_c1x1_pingpong_blockwise"
 # A K block is 4 WGMMAs of K 32; the mainloop issues blocks at four places (the first block, the

@@ -11,7 +11,7 @@ import math
 import pytest
 
 from builder.compile.cubin import disassemble
-from tests.compile.conftest import make_project, run_build
+from tests.compile.conftest import make_project, run_build, sm90_catalog
 from tests.compile.test_bias_kernel import LOADS
 from tests.compile.test_launch_record import Launch, Recorded, link_recording_library, recorded_launch
 from tilekiln._tensors import Operand
@@ -22,13 +22,7 @@ pytestmark = pytest.mark.compile
 
 # Each epilogue kernel with its plain twin (same tile and schedule): bf16 SwiGLU, fp8 row-wise with
 # and without SwiGLU, and a masked fp8 row-wise SwiGLU.
-CATALOG = """pipeline: sm90
-targets: [sm_90a]
-defaults:
-  family: grouped
-  layout: tn
-  cluster: [1, 1]
-kernels:
+CATALOG = sm90_catalog("""\
   - dtypes: {a: bf16, b: bf16, acc: f32, c: bf16}
     tile: [128, 128, 64]
     sweep:
@@ -47,7 +41,7 @@ kernels:
     tile: [64, 128, 128]
     scaling: rowwise
     activation: swiglu
-"""
+""", family="grouped", layout="tn", cluster="[1, 1]")
 BF16_PLAIN = "grouped_sm90_bf16_bf16_f32_bf16_tn_128x128x64_c1x1"
 FP8_PLAIN = "grouped_sm90_e4m3_e4m3_f32_bf16_tn_128x128x128_c1x1"
 # (total_M, N = 2I, K, G): decode-sized, ragged, many groups, one group.

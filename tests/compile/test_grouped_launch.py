@@ -7,20 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.compile.conftest import make_project, run_build
+from tests.compile.conftest import make_project, run_build, sm90_catalog
 from tests.compile.test_launch_record import Recorded, check_grouped_launches, link_recording_library
 from tilekiln._tensors import Operand
 from tilekiln.grouped import launch_grouped, make_grouped_problem, plan_grouped
 
 pytestmark = pytest.mark.compile
 
-CATALOG = """pipeline: sm90
-targets: [sm_90a]
-defaults:
-  family: grouped
-  dtypes: {a: bf16, b: bf16, acc: f32, c: bf16}
-  layout: tn
-kernels:
+CATALOG = sm90_catalog("""\
   - tile: [128, 256, 64]
     cluster: [1, 1]
   - tile: [64, 128, 64]
@@ -28,7 +22,7 @@ kernels:
     schedule: pingpong
   - tile: [128, 128, 64]
     cluster: [2, 1]
-"""
+""", family="grouped", dtypes="{a: bf16, b: bf16, acc: f32, c: bf16}", layout="tn")
 # (total_M, N, K, G): decode-sized, ragged, large with many groups, one group.
 PROBLEMS = ((16, 4096, 4096, 8), (1008, 1040, 528, 3), (8192, 1536, 2048, 128), (300, 256, 128, 1))
 

@@ -10,18 +10,13 @@ import re
 import pytest
 
 from builder.compile.cubin import disassemble
-from tests.compile.conftest import make_project, run_build
+from tests.compile.conftest import make_project, run_build, sm90_catalog
 
 pytestmark = pytest.mark.compile
 
 # Cooperative and ping-pong, multicast, and an fp8 kernel, whose epilogue reads
 # the scales with plain global loads.
-CATALOG = """pipeline: sm90
-targets: [sm_90a]
-defaults:
-  dtypes: {a: bf16, b: bf16, acc: f32, c: bf16}
-  layout: tn
-kernels:
+CATALOG = sm90_catalog("""\
   - tile: [128, 128, 64]
     cluster: [2, 1]
   - tile: [64, 128, 64]
@@ -30,7 +25,7 @@ kernels:
   - tile: [128, 128, 128]
     cluster: [1, 1]
     dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}
-"""
+""", dtypes="{a: bf16, b: bf16, acc: f32, c: bf16}", layout="tn")
 
 # Every instruction that reads or writes global memory: TMA, plain, atomics, reductions.
 _GLOBAL_RE = re.compile(r"\b(UTMALDG|UTMASTG|UTMAREDG|UBLKCP|LDG|STG|ATOMG|REDG|RED|ATOM)\b")

@@ -8,22 +8,17 @@ import pytest
 
 from builder.check.derive.sm90 import sm90_smem
 from builder.check.validate import Project, validate_project
-from tests.compile.conftest import make_project, run_build
+from tests.compile.conftest import make_project, run_build, sm90_catalog
 from tilekiln.spec import Schedule
 
 pytestmark = pytest.mark.compile
 
-CATALOG = """pipeline: sm90
-targets: [sm_90a]
-defaults:
-  dtypes: {a: bf16, b: bf16, acc: f32, c: bf16}
-  layout: tn
-kernels:
+CATALOG = sm90_catalog("""\
   - tile: [64, 256, 64]
     cluster: [2, 1]
     sweep:
       schedule: [pingpong, cooperative]
-"""
+""", dtypes="{a: bf16, b: bf16, acc: f32, c: bf16}", layout="tn")
 
 
 def test_pingpong_kernel_compiles_with_its_own_epilogue_buffers(tmp_path):

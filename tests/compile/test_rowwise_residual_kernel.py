@@ -11,19 +11,12 @@ from collections import Counter
 import pytest
 
 from builder.compile.cubin import disassemble
-from tests.compile.conftest import make_project, run_build
+from tests.compile.conftest import make_project, run_build, sm90_catalog
 from tests.compile.test_launch_record import Recorded, link_recording_library, run_kernel
 
 pytestmark = pytest.mark.compile
 
-CATALOG = """pipeline: sm90
-targets: [sm_90a]
-defaults:
-  dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}
-  layout: tn
-  tile: [128, 128, 128]
-  cluster: [1, 1]
-kernels:
+CATALOG = sm90_catalog("""\
   - sweep:
       scaling: [tensor, rowwise]
   - scaling: rowwise
@@ -41,7 +34,7 @@ kernels:
     tile: [64, 16, 64]
     bias: bf16
     residual: add
-"""
+""", dtypes="{a: e4m3, b: e4m3, acc: f32, c: bf16}", layout="tn", tile="[128, 128, 128]", cluster="[1, 1]")
 
 FP8 = "gemm_sm90_e4m3_e4m3_f32_bf16_tn_128x128x128_c1x1"
 BF16 = "gemm_sm90_bf16_bf16_f32_bf16_tn_128x128x64_c1x1"

@@ -7,17 +7,12 @@ import json
 import pytest
 
 from builder.check.validate import Project, validate_project
-from tests.compile.conftest import make_project, run_build
+from tests.compile.conftest import make_project, run_build, sm90_catalog
 from tilekiln.manifest import parse_manifest, read_manifest
 
 pytestmark = pytest.mark.compile
 
-CATALOG = """pipeline: sm90
-targets: [sm_90a]
-defaults:
-  layout: tn
-  swap_ab: true
-kernels:
+CATALOG = sm90_catalog("""\
   - dtypes: {a: bf16, b: bf16, acc: f32, c: bf16}
     tile: [64, 16, 64]
     cluster: [2, 1]
@@ -25,7 +20,7 @@ kernels:
   - dtypes: {a: e4m3, b: e5m2, acc: f32, c: bf16}
     tile: [64, 32, 128]
     cluster: [1, 1]
-"""
+""", layout="tn", swap_ab="true")
 
 
 def test_swapped_kernels_compile_with_the_problems_arguments(tmp_path):

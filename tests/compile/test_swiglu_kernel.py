@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from builder.compile.cubin import disassemble
-from tests.compile.conftest import make_project, run_build
+from tests.compile.conftest import make_project, run_build, sm90_catalog
 from tests.compile.test_bias_kernel import LOADS
 from tests.compile.test_launch_record import Recorded, link_recording_library, run_kernel
 
@@ -15,20 +15,13 @@ pytestmark = pytest.mark.compile
 
 # The default catalog's swiglu tiles (ping-pong 128x128, cooperative 128x256) and an fp8 one,
 # whose per-tensor scales apply to the gate and the up value before the product.
-CATALOG = """pipeline: sm90
-targets: [sm_90a]
-defaults:
-  dtypes: {a: bf16, b: bf16, acc: f32, c: bf16}
-  layout: tn
-  cluster: [1, 1]
-  activation: swiglu
-kernels:
+CATALOG = sm90_catalog("""\
   - tile: [128, 128, 64]
     schedule: pingpong
   - tile: [128, 256, 64]
   - dtypes: {a: e4m3, b: e4m3, acc: f32, c: bf16}
     tile: [128, 128, 128]
-"""
+""", dtypes="{a: bf16, b: bf16, acc: f32, c: bf16}", layout="tn", cluster="[1, 1]", activation="swiglu")
 
 
 @pytest.fixture(scope="module")

@@ -7,19 +7,14 @@ import json
 import pytest
 
 from builder.check.validate import Project, validate_project
-from tests.compile.conftest import make_project, run_build
+from tests.compile.conftest import make_project, run_build, sm90_catalog
 
 pytestmark = pytest.mark.compile
 
-CATALOG = """pipeline: sm90
-targets: [sm_90a]
-defaults:
-  dtypes: {a: bf16, b: bf16, acc: f32, c: bf16}
-  layout: tn
-kernels:
+CATALOG = sm90_catalog("""\
   - tile: [192, 192, 64]
     cluster: [1, 2]
-"""
+""", dtypes="{a: bf16, b: bf16, acc: f32, c: bf16}", layout="tn")
 
 
 def test_three_consumers_share_the_registers_the_producer_gives_up(tmp_path):
