@@ -3,12 +3,12 @@ sm107 pipelines, sm103_blockscaled_grouped.py.j2 on sm103) compile for the Black
 into what their plans say, and their host launch path launches what the validator derived.
 
 No Blackwell or Rubin part has run these kernels: this census and the recorded launches are what
-verifies them. The catalog's fourteen kernels (catalog/gemm/sm100_blockscaled_grouped.yaml and the
+verifies them. The catalog's fifteen kernels (catalog/gemm/sm100_blockscaled_grouped.yaml and the
 grouped items of sm107_blockscaled.yaml and sm103_blockscaled.yaml), each for one target: mxfp8,
-nvfp4 and mxfp4 in the contiguous layout, mxfp8 and mxfp4 in the masked one; mxfp8 and mxfp4 on the
-sm107 pipeline's 64-byte K in both, and fp4 with e5m3 scales (SM 10.7 only) contiguous; nvfp4 and
-mxfp4 on the sm103 pipeline's 48-byte K contiguous, mxfp4 masked; and nvfp4's cluster-launch-control
-twin. Per kernel:
+nvfp4 and mxfp4 in the contiguous layout, mxfp8, nvfp4 and mxfp4 in the masked one; mxfp8 and mxfp4
+on the sm107 pipeline's 64-byte K in both, and fp4 with e5m3 scales (SM 10.7 only) contiguous;
+nvfp4 and mxfp4 on the sm103 pipeline's 48-byte K contiguous, mxfp4 masked; and nvfp4's
+cluster-launch-control twin. Per kernel:
 
 * the block-scaled MMA: UTCQMMA for e4m3 data (kind::mxf8f6f4), UTCOMMA for e2m1 (mxf4 for
   32-element e8m0 blocks; mxf4nvf4 for nvfp4, its 16-element-block form, ``.BLOCK16`` as nvdisasm
@@ -79,6 +79,12 @@ kernels:
     cluster: [1, 1]
     dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}
     targets: [sm_103a]
+  - family: grouped_masked
+    tile: [128, 128, 256]
+    cluster: [1, 1]
+    dtypes: {a: e2m1, b: e2m1, acc: f32, c: bf16}
+    block_scale: {scale: e4m3, block: 16}
+    targets: [sm_100a]
 """
 SM107 = """pipeline: sm107
 targets: [sm_107a]
@@ -136,6 +142,7 @@ KERNELS = {
     "grouped_masked_sm107_e4m3_e4m3_f32_bf16_tn_128x128x128_c1x1_sfe8m0x32": "sm_107a",
     "grouped_sm107_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe5m3x32": "sm_107a",
     "grouped_masked_sm100_e2m1_e2m1_f32_bf16_tn_128x128x256_c1x1_sfe8m0x32": "sm_103a",
+    "grouped_masked_sm100_e2m1_e2m1_f32_bf16_tn_128x128x256_c1x1_sfe4m3x16": "sm_100a",
     "grouped_sm107_e2m1_e2m1_f32_bf16_tn_128x256x256_c1x1_sfe8m0x32": "sm_107a",
     "grouped_masked_sm107_e2m1_e2m1_f32_bf16_tn_128x128x256_c1x1_sfe8m0x32": "sm_107a",
     "grouped_sm103_e2m1_e2m1_f32_bf16_tn_128x128x768_c1x1_sfe4m3x16": "sm_103a",

@@ -439,6 +439,25 @@ def test_the_sm103_48_byte_k_grouped_kernel_takes_any_k_of_whole_scale_atoms(tmp
     assert {c.kernel.id: c.accepted for c in choice.candidates} == {"k32": True, "k48": True}
 
 
+def test_a_masked_nvfp4_call_plans_on_the_masked_nvfp4_kernel(tmp_path):
+    """Decode-time expert batches in nvfp4 (e4m3 scale per 16) run on the masked nvfp4 kernel, not
+    on the masked mxfp4 one beside it."""
+    import dataclasses
+
+    from tilekiln._tensors import describe
+    from tilekiln.grouped import choose_grouped, make_masked_problem
+    from tilekiln.problem import requested_epilogue
+
+    bundle = _bundle_of(tmp_path, _fp4_record(0, "mxfp4_masked", "grouped_masked", "sm100", (128, 128, 256)),
+                        _fp4_record(1, "nvfp4_masked", "grouped_masked", "sm100", (128, 128, 256), "e4m3", 16))
+    a, b, _, _ = _call("nvfp4", True)
+    rows = torch.zeros(3, dtype=torch.int32)
+    a_op, b_op, rows_op = (dataclasses.replace(describe(t, name), device=0)
+                           for t, name in ((a, "a"), (b, "b"), (rows, "masked_m")))
+    problem = make_masked_problem(a_op, b_op, rows_op, None, True, requested_epilogue(**dict(bs.block_request("nvfp4"))))
+    assert choose_grouped(bundle, problem).label == "nvfp4_masked"
+
+
 def test_a_masked_nvfp4_call_without_a_masked_nvfp4_kernel_names_each_refusal(tmp_path):
     """The bundle has nvfp4 kernels (no arch message) but none of the masked layout: NoKernelError
     with each kernel's reason, before anything is launched."""
