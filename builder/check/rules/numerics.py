@@ -190,15 +190,31 @@ def check_blockwise(ctx: KernelContext) -> Iterator[Diagnostic]:
 _BIAS_OUTPUTS = ("bf16", "f16", "f32")
 
 
+def _dense_gemm_only(ctx: KernelContext, rule_id: str, path: str, argument: str, fix: str) -> Iterator[Diagnostic]:
+    """``argument`` (what the field needs, with its verb: "the residual is an argument") belongs to
+    the dense gemm family's signature; a kernel of another family has no such argument."""
+    family = ctx.entry.config.family
+    if family != "gemm":
+        yield ctx.diag(rule_id, path, f"{argument} of the dense gemm family, not {family}", fix, family=family)
+
+
+def _float_result(ctx: KernelContext, rule_id: str, path: str, computed: str, **facts) -> Iterator[Diagnostic]:
+    """``computed`` (a sum the epilogue forms in fp32 and rounds once to C: a bias, a residual,
+    alpha and beta) needs a float C that holds it; the fix removes field ``path``."""
+    c = ctx.entry.config.dtypes.c
+    if c.value not in _BIAS_OUTPUTS:
+        outputs = ", ".join(_BIAS_OUTPUTS)
+        yield ctx.diag(rule_id, path, f"{computed}, but C is {c.value}, not a float type that holds the sum "
+                       f"({outputs})", f"remove {path}, or use an output type of {outputs}", c=c,
+                       outputs=list(_BIAS_OUTPUTS), **facts)
+
+
 @rule("BIAS-OUTPUT", "a kernel that adds a bias writes a 16-bit float or f32 result")
 def check_bias_output(ctx: KernelContext) -> Iterator[Diagnostic]:
     cfg = ctx.entry.config
-    if cfg.bias.dtype is not None and cfg.dtypes.c.value not in _BIAS_OUTPUTS:
-        yield ctx.diag("BIAS-OUTPUT", "bias", f"bias {cfg.bias.value} is added to the fp32 accumulator before it "
-                       f"is rounded to C, but C is {cfg.dtypes.c.value}, not a float type that holds the sum "
-                       f"({', '.join(_BIAS_OUTPUTS)})", "remove bias, or use an output type of "
-                       f"{', '.join(_BIAS_OUTPUTS)}", bias=cfg.bias.value, c=cfg.dtypes.c,
-                       bias_outputs=list(_BIAS_OUTPUTS))
+    if cfg.bias.dtype is not None:
+        yield from _float_result(ctx, "BIAS-OUTPUT", "bias", f"bias {cfg.bias.value} is added to the fp32 "
+                                 "accumulator before it is rounded to C", bias=cfg.bias.value)
 
 
 @rule("BIAS-DTYPE", "the bias is float32 or of the output's type, as a call passes it")
@@ -246,9 +262,8 @@ def check_fp8_output(ctx: KernelContext) -> Iterator[Diagnostic]:
         yield ctx.diag("FP8-OUTPUT", "activation", f"{cfg.activation.value} with a {d.c.value} C: the gated "
                        "epilogue's result (tilekiln.swiglu) has its input's type", "use a 16-bit C",
                        activation=cfg.activation.value)
-    if cfg.family != "gemm":
-        yield ctx.diag("FP8-OUTPUT", "dtypes", f"a {d.c.value} C needs scale_result, an argument of the dense gemm "
-                       f"family, not {cfg.family}", "use c: bf16 for this family", family=cfg.family)
+    yield from _dense_gemm_only(ctx, "FP8-OUTPUT", "dtypes", f"a {d.c.value} C needs scale_result, an argument",
+                                "use c: bf16 for this family")
 
 
 @rule("RESIDUAL", "a kernel that adds a residual writes a float result, in the dense gemm family")
@@ -256,14 +271,10 @@ def check_residual(ctx: KernelContext) -> Iterator[Diagnostic]:
     cfg = ctx.entry.config
     if cfg.residual.value == "none":
         return
-    if cfg.dtypes.c.value not in _BIAS_OUTPUTS:
-        yield ctx.diag("RESIDUAL", "residual", f"the residual (of C's type) is added to the fp32 epilogue value "
-                       f"before it is rounded to C, but C is {cfg.dtypes.c.value}, not a float type that holds "
-                       f"the sum ({', '.join(_BIAS_OUTPUTS)})", "remove residual, or use an output type of "
-                       f"{', '.join(_BIAS_OUTPUTS)}", c=cfg.dtypes.c, outputs=list(_BIAS_OUTPUTS))
-    if cfg.family != "gemm":
-        yield ctx.diag("RESIDUAL", "residual", f"the residual is an argument of the dense gemm family, not "
-                       f"{cfg.family}", "remove residual for this family", family=cfg.family)
+    yield from _float_result(ctx, "RESIDUAL", "residual", "the residual (of C's type) is added to the fp32 "
+                             "epilogue value before it is rounded to C")
+    yield from _dense_gemm_only(ctx, "RESIDUAL", "residual", "the residual is an argument",
+                                "remove residual for this family")
 
 
 @rule("ALPHA-BETA", "a kernel with alpha and beta is an ungated dense gemm of unscaled inputs into a float result")
@@ -278,18 +289,14 @@ def check_alpha_beta(ctx: KernelContext) -> Iterator[Diagnostic]:
                        "(scaled_gemm) passes scales, not alpha, so no call would run this kernel",
                        "remove scalars, or use 16-bit float inputs such as dtypes {a: bf16, b: bf16, acc: f32, "
                        "c: bf16}", dtypes=list(d.tokens))
-    if d.c.value not in _BIAS_OUTPUTS:
-        yield ctx.diag("ALPHA-BETA", "scalars", f"alpha * acc + beta * residual is computed in fp32 and rounded once "
-                       f"to C, but C is {d.c.value}, not a float type that holds it ({', '.join(_BIAS_OUTPUTS)})",
-                       f"remove scalars, or use an output type of {', '.join(_BIAS_OUTPUTS)}", c=d.c,
-                       outputs=list(_BIAS_OUTPUTS))
+    yield from _float_result(ctx, "ALPHA-BETA", "scalars", "alpha * acc + beta * residual is computed in fp32 "
+                             "and rounded once to C")
     if cfg.activation.gated:
         yield ctx.diag("ALPHA-BETA", "scalars", f"alpha and beta with {cfg.activation.value}: the gated epilogue "
                        "(tilekiln.swiglu) takes no coefficients", "remove scalars",
                        activation=cfg.activation.value)
-    if cfg.family != "gemm":
-        yield ctx.diag("ALPHA-BETA", "scalars", f"alpha and beta are arguments of the dense gemm family, not "
-                       f"{cfg.family}", "remove scalars for this family", family=cfg.family)
+    yield from _dense_gemm_only(ctx, "ALPHA-BETA", "scalars", "alpha and beta are arguments",
+                                "remove scalars for this family")
 
 
 @rule("SWIGLU", "a swiglu kernel's tile holds whole gate/up block pairs, unswapped, with no per-value operands")
