@@ -488,10 +488,11 @@ def diff(old: str, new: str, fmt: str) -> None:
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
 @click.pass_context
 def tune(ctx: click.Context, bundle: str) -> None:
-    """Time the candidate kernels per shape bucket on this GPU and write the table into BUNDLE.
+    """Time the candidate kernels per shape bucket on this GPU, fit the selection model to the
+    card, and write the card's table into BUNDLE.
 
     Options after BUNDLE go to `python3 -m tilekiln.tune` (see its --help):
-    --shapes, --dtype, --iters, --settle-ms, --table-out, --merge.
+    --shapes, --model, --dtype, --iters, --settle-ms, --table-out, --merge.
     """
     from tilekiln.tune import main as tune_main
 
