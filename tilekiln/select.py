@@ -53,7 +53,8 @@ class Candidate:
     kernel: KernelRecord
     accepted: bool
     reason: str
-    estimate: float = math.inf  # model time, arbitrary units; lower is better
+    estimate: float = math.inf  # model time (tilekiln/model.py's units); lower is better
+    microseconds: float = math.inf  # the estimate on the device (ModelParams.sm_macs_per_us), for explain
     split: int = 1  # K slices (splitk.py); 1: the kernel runs the problem as it is
     run: GemmProblem | None = None  # what the kernel runs: the problem, or its K slices
 
@@ -82,7 +83,7 @@ class Choice:
                  f"chosen: {self.label} ({how})"]
         for c in sorted(self.candidates, key=lambda c: (not c.accepted, *_model_rank(c))):
             mark = "accept" if c.accepted else "reject"
-            est = f" estimate {c.estimate:.3g}" if c.accepted else ""
+            est = f" estimate {c.microseconds:.3g} us;" if c.accepted else ""
             lines.append(f"  {mark} {c.label}:{est} {c.reason}")
         return "\n".join([*lines, *self.notes])
 
@@ -242,6 +243,7 @@ def choose(kernels: tuple[KernelRecord, ...], problem: GemmProblem, sm_count: in
     if resident is None:
         def resident(k: KernelRecord) -> int:
             return nominal_clusters(k, sm_count)
+    per_us = model.sm_macs_per_us * mma_rate(problem)
     candidates = []
     for split in splits:
         run = problem if split == 1 else sliced(problem, split)
@@ -256,7 +258,7 @@ def choose(kernels: tuple[KernelRecord, ...], problem: GemmProblem, sm_count: in
                 continue
             cost = estimate(k, run, resident(k), model) + (split_cost(problem, split, model) if split > 1 else 0.0)
             reason = "contract fits" if split == 1 else f"contract fits {split} slices of K = {run.k}"
-            candidates.append(Candidate(k, True, reason, cost, split, run))
+            candidates.append(Candidate(k, True, reason, cost, cost / per_us, split, run))
     accepted = [c for c in candidates if c.accepted]
     if not accepted:
         return Choice(None, "none", tuple(candidates))

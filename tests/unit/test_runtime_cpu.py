@@ -783,3 +783,15 @@ def test_split_k_adds_the_sum_to_the_slices_estimate():
                                             + split_cost(kv_a, choice.split))
     # The sum's cost grows with the slices: more slices than K steps pay for nothing.
     assert split_cost(kv_a, 14) > split_cost(kv_a, 2) > 0
+
+
+def test_explain_gives_each_candidates_estimate_in_microseconds():
+    """The model's units are an SM's multiply-add times; explain shows them as microseconds on the
+    device (ModelParams.sm_macs_per_us, twice the rate for 8-bit operands)."""
+    swapped = kernel_record(26, "swap", (64, 16, 64), (2, 1), swap_ab=True, sass=WGMMA)
+    choice = choose((swapped,), tn(23, 576, 7168), 132, pick())
+    (candidate,) = choice.candidates
+    assert candidate.microseconds == pytest.approx(candidate.estimate / DEFAULT_MODEL.sm_macs_per_us)
+    # 112 K steps at the 0.2 us floor: the 24 us the H100 took
+    assert f"accept swap: estimate {candidate.microseconds:.3g} us; contract fits" in str(choice)
+    assert 22 < candidate.microseconds < 25
