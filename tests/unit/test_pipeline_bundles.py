@@ -94,14 +94,14 @@ def test_every_blackwell_family_bundle_holds_grouped_kernels_of_both_layouts():
 
 
 def test_the_arch_specific_blackwell_bundles_hold_block_scaled_grouped_kernels():
-    """mxfp8 and mxfp4 grouped kernels of both layouts and an nvfp4 contiguous one in sm100a, sm103a and
-    sm107a, from the sm100 and sm107 pipelines' block-scaled grouped template; sm107a's mxfp8 and mxfp4
-    ones and its fp4-e5m3 one from the sm107 pipeline (64-byte MMA K), its nvfp4 one on the 32-byte MMA
+    """mxfp8, mxfp4 and nvfp4 grouped kernels of both layouts in sm100a, sm103a and sm107a, from the
+    sm100 and sm107 pipelines' block-scaled grouped template; sm107a's mxfp8 and mxfp4 ones and its
+    fp4-e5m3 one from the sm107 pipeline (64-byte MMA K), its nvfp4 ones on the 32-byte MMA
     (BLOCK-SCALE-MMA-K). sm103a adds the sm103 pipeline's (48-byte MMA K, 384-byte CTA K): nvfp4 and
     mxfp4 contiguous, mxfp4 masked. sm100f has none: the block-scaled MMA is arch-specific."""
     targets = by_target()
-    shared = {(f, "e4m3", "e8m0") for f in ("grouped", "grouped_masked")} | {
-        (f, "e2m1", "e8m0") for f in ("grouped", "grouped_masked")} | {("grouped", "e2m1", "e4m3")}
+    shared = {(f, a, scale) for f in ("grouped", "grouped_masked")
+              for a, scale in (("e4m3", "e8m0"), ("e2m1", "e8m0"), ("e2m1", "e4m3"))}
     for target in ("sm_100a", "sm_103a", "sm_107a"):
         grouped = [c for c in targets[target] if c.entry.config.family != "gemm" and c.entry.config.block_scale]
         k48 = [c for c in grouped if c.entry.config.pipeline == "sm103"]
