@@ -3,9 +3,10 @@ the glue with strided scale tensors.
 
 The SASS shows the scheme: each K block's WGMMAs start from a zero accumulator (``RZ, !UPT``)
 and the next block's WGMMAs are in flight while the previous one is promoted
-(``WARPGROUP.DEPBAR.LE gsb0, 0x1``: wait until at most one group runs), with no local-memory
-spills even at 192 accumulator registers of 232. The launch runs against the recording stand-in
-of tests/compile/test_launch_record.py.
+(``WARPGROUP.DEPBAR.LE gsb0, 0x1``: wait until at most one group runs), no block's WGMMAs wait
+for a scale's global load, and there are no local-memory spills even at 192 accumulator
+registers of 232. The launch runs against the recording stand-in of
+tests/compile/test_launch_record.py.
 """
 
 from __future__ import annotations
@@ -38,6 +39,36 @@ PINGPONG = "gemm_sm90_e4m3_e4m3_f32_bf16_tn_64x128x128_c1x1_pingpong_blockwise"
 # A K block is 4 WGMMAs of K 32; the mainloop issues blocks at four places (the first block, the
 # two of the loop body taking blocks in pairs, the odd last one).
 BLOCK_SITES, WGMMAS_PER_BLOCK = 4, 4
+_SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+
+
+def loads_waited_at_issue(sass: str) -> list[str]:
+    """The instructions that read a global load's result between an mbarrier wait and the next
+    WGMMA (or warpgroup arrive) where the load was issued after the last WGMMA: a K block's
+    WGMMAs then wait for a global round trip before they issue. A pass over the SASS in address
+    order; a register's load is forgotten once another instruction writes it, and every load
+    once a WGMMA issues (a load issued before a block's WGMMAs has had them to land). A wait
+    followed by a TMA load is a producer's, not a block's."""
+    loaded, after_wait, found = set(), False, []
+    for op, args in _SASS_LINE.findall(sass):
+        regs = re.findall(r"\bR(\d+)\b", args)
+        if op.startswith("SYNCS.PHASECHK"):
+            after_wait = True
+            continue
+        if op.startswith(("UTMALDG", "WARPGROUP.ARRIVE", "QGMMA")):
+            after_wait = False
+            if op.startswith("QGMMA"):
+                loaded.clear()
+            continue
+        # R2UR writes a uniform register and stores write memory: every R operand is read.
+        writes = not op.startswith(("R2UR", "ST", "RED", "ATOM"))
+        if after_wait and any(r in loaded for r in (regs[1:] if writes else regs)):
+            found.append(f"{op} {args.strip()}")
+        if writes and regs:
+            loaded.discard(regs[0])
+            if op.startswith("LDG"):
+                loaded.add(regs[0])
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +91,30 @@ def test_each_block_starts_fresh_and_overlaps_the_previous_promotion(built):
         assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass, "the next block runs while one is promoted"
         assert record.info.local_bytes == 0 and dict(record.info.census)["LDL"] == 0, record.kernel_id
         assert dict(record.info.census)["STL"] == 0, record.kernel_id
+
+
+def test_no_block_waits_for_a_scale_load_before_its_wgmmas(built):
+    """The scales are read after a block's WGMMAs issue (templates/common/blockwise.j2, mainloop):
+    read before, ptxas's R2UR of the B scale stalled the 64x128 ping-pong kernel's issue on the
+    load every K block (``R2UR UR35, R202`` between the stage wait and the first QGMMA)."""
+    for record in built.records:
+        assert not loads_waited_at_issue(disassemble(record.cubin)), record.kernel_id
+
+
+def test_the_issue_check_finds_a_load_read_before_the_wgmmas():
+    sass = """
+        /*0010*/                   QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR24], R24, gsb0 ;
+        /*0020*/                   LDG.E R210, desc[UR34][R218.64] ;
+        /*0030*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR5], R88 ;
+        /*0040*/                   R2UR UR33, R210 ;
+        /*0050*/                   WARPGROUP.ARRIVE ;
+        /*0060*/                   QGMMA.64x128x32.F32.E4M3.E4M3 R88, gdesc[UR24], RZ, !UPT ;
+    """
+    assert loads_waited_at_issue(sass) == ["R2UR UR33, R210"]
+    # Loaded before the last WGMMA, or overwritten since the load: nothing to wait for.
+    lines = sass.strip().splitlines()
+    assert not loads_waited_at_issue("\n".join([lines[1], lines[0], *lines[2:]]))
+    assert not loads_waited_at_issue("\n".join([*lines[:2], "/*0028*/ MOV R210, RZ ;", *lines[2:]]))
 
 
 def test_a_blockwise_plan_launches_through_the_glue(built, tmp_path):
