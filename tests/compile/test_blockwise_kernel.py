@@ -33,9 +33,13 @@ kernels:
   - tile: [64, 128, 128]
     schedule: pingpong
     cluster: [1, 1]
+  - tile: [128, 192, 128]
+    cluster: [1, 1]
 """
 COOPERATIVE = "gemm_sm90_e4m3_e4m3_f32_bf16_tn_128x128x128_c2x1_blockwise"
 PINGPONG = "gemm_sm90_e4m3_e4m3_f32_bf16_tn_64x128x128_c1x1_pingpong_blockwise"
+# Two B scale blocks per tile, one partial sum (tilekiln/spec.py, blockwise_partials).
+WIDE = "gemm_sm90_e4m3_e4m3_f32_bf16_tn_128x192x128_c1x1_blockwise"
 # A K block is 4 WGMMAs of K 32; the mainloop issues blocks at four places (the first block, the
 # two of the loop body taking blocks in pairs, the odd last one).
 BLOCK_SITES, WGMMAS_PER_BLOCK = 4, 4
@@ -80,8 +84,8 @@ def built(tmp_path_factory):
 
 
 def test_each_block_starts_fresh_and_overlaps_the_previous_promotion(built):
-    assert {r.kernel_id for r in built.records} == {COOPERATIVE, PINGPONG}
-    for record in built.records:
+    assert {r.kernel_id for r in built.records} == {COOPERATIVE, PINGPONG, WIDE}
+    for record in (r for r in built.records if r.kernel_id != WIDE):
         sass = disassemble(record.cubin)
         wgmmas = re.findall(r"QGMMA\.64x128x32\.F32\.E4M3\.E4M3 (R\d+), gdesc\[UR\d+\], (\w+)", sass)
         assert len(wgmmas) == BLOCK_SITES * WGMMAS_PER_BLOCK, record.kernel_id
@@ -91,6 +95,23 @@ def test_each_block_starts_fresh_and_overlaps_the_previous_promotion(built):
         assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass, "the next block runs while one is promoted"
         assert record.info.local_bytes == 0 and dict(record.info.census)["LDL"] == 0, record.kernel_id
         assert dict(record.info.census)["STL"] == 0, record.kernel_id
+
+
+def test_a_tile_over_two_b_blocks_promotes_each_block_once_done(built):
+    """128x192: one issue site of a fresh partial sum, waited for in full (``0x0``) before its
+    promotion, which is unrolled for both splits between the B blocks (64 or 128 columns): two
+    promotions of 96 values each."""
+    (record,) = [r for r in built.records if r.kernel_id == WIDE]
+    sass = disassemble(record.cubin)
+    wgmmas = re.findall(r"QGMMA\.64x192x32\.F32\.E4M3\.E4M3 (R\d+), gdesc\[UR\d+\], (\w+)", sass)
+    assert len(wgmmas) == WGMMAS_PER_BLOCK and [src for _, src in wgmmas].count("RZ") == 1
+    assert "WARPGROUP.DEPBAR.LE gsb0, 0x0" in sass and "WARPGROUP.DEPBAR.LE gsb0, 0x1" not in sass
+    values = record.ctx.plan.acc_regs_per_thread
+    assert values == 96
+    assert len(re.findall(r"\bFFMA\b", sass)) == 2 * values
+    assert record.info.local_bytes == 0 and not record.info.spills
+    # Two accumulator sets fit (rule REGISTER-BUDGET's model).
+    assert 2 * values <= max(int(r) for r in re.findall(r"\bR(\d+)\b", sass)) < record.ctx.plan.consumer_regs
 
 
 def test_no_block_waits_for_a_scale_load_before_its_wgmmas(built):
@@ -119,7 +140,7 @@ def test_the_issue_check_finds_a_load_read_before_the_wgmmas():
 
 def test_a_blockwise_plan_launches_through_the_glue(built, tmp_path):
     recorded = Recorded(built, link_recording_library(built, tmp_path / "lib"), tmp_path)
-    for kernel_id in (COOPERATIVE, PINGPONG):
+    for kernel_id in (COOPERATIVE, PINGPONG, WIDE):
         ctx = recorded.records[kernel_id].ctx
         recorded.configure(recorded.records[kernel_id].info.static_smem_bytes,
                            ctx.facts.require("smem_per_block_optin"))
