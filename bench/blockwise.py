@@ -16,6 +16,15 @@ of each row's relative error, which the massive tokens do not hide). Per-tensor 
 operand by its largest magnitude; blockwise by each block's.
 
     python3 bench/blockwise.py --bundle artifacts/sm90a --json bench/results/blockwise-<card>-<date>.json
+
+``--all-kernels`` times every dense blockwise kernel of the bundle, each pinned (``kernel=``), as
+sides of their own beside the selection's pick, per-tensor fp8 and bf16, interleaved in the same
+blocks, so one run tells which kernel wins where. Its shapes (``ALL_KERNEL_SHAPES`` unless
+``--quick`` or ``--deepseek-only``) are the large DeepSeek-V3 projections and three square-ish
+suite shapes; each kernel is checked against a float64 reference of sampled rows (a full float64
+product of 16384x18432x7168 takes over a minute), and the accuracy comparison is left out.
+
+    python3 bench/blockwise.py --all-kernels --repeats 1 --json bench/results/blockwise-kernels-<card>-<date>.json
 """
 
 from __future__ import annotations
@@ -43,6 +52,12 @@ SIDES = ("blockwise", "tensor", "bf16")
 # 1536), the dense MLP's up (18432) and down, and an MoE expert's down (K = 2048).
 DEEPSEEK_NK = ((576, 7168), (1536, 7168), (24576, 1536), (18432, 7168), (7168, 18432), (7168, 2048))
 DEEPSEEK_M = (64, 128, 4096, 16384)
+# --all-kernels: the DeepSeek-V3 projections at M 128, 4096 and 16384 (the last reads A from HBM
+# once per pass of the raster walk) and three suite shapes.
+ALL_KERNEL_SHAPES = tuple((m, n, k) for n, k in DEEPSEEK_NK for m in (128, 4096, 16384)) + (
+    (4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096))
+# Rows of the result that --all-kernels checks against float64, spread over every M tile.
+CHECK_ROWS = 256
 OUTLIER_CHANNELS, CHANNEL_SCALE = 4, 20.0
 MASSIVE_TOKEN_EVERY, TOKEN_SCALE = 64, 1000.0
 
@@ -73,16 +88,22 @@ def operand_set(m: int, n: int, k: int) -> dict:
     return {"bf16": (a, w), "blockwise": (a_bw, w_bw, sa_bw, sb_bw), "tensor": (a_t, w_t, sa_t, sb_t), "out": out}
 
 
-def calls(bundle, s: dict) -> dict:
+def calls(bundle, s: dict, pinned: tuple[str, ...] = ()) -> dict:
+    """Each side's call on operand set ``s``: the selection's blockwise pick, per-tensor fp8, bf16,
+    then one per kernel id in ``pinned`` (a blockwise kernel run with ``kernel=``)."""
     a_bw, w_bw, sa_bw, sb_bw = s["blockwise"]
     a_t, w_t, sa_t, sb_t = s["tensor"]
     a, w = s["bf16"]
     out = s["out"]
-    return {
+    sides = {
         "blockwise": lambda: bundle.scaled_gemm(a_bw, w_bw.t(), sa_bw, sb_bw, out=out, scale_format="blockwise"),
         "tensor": lambda: bundle.scaled_gemm(a_t, w_t.t(), sa_t, sb_t, out=out),
         "bf16": lambda: torch.matmul(a, w.t(), out=out),
     }
+    for kid in pinned:
+        sides[kid] = lambda kid=kid: bundle.scaled_gemm(a_bw, w_bw.t(), sa_bw, sb_bw, out=out, kernel=kid,
+                                                        scale_format="blockwise")
+    return sides
 
 
 def errors(bundle, s: dict) -> dict:
@@ -120,56 +141,96 @@ def check_kernels(bundle, s: dict) -> None:
                                  f"relative error {err}")
 
 
+def check_pinned(bundle, s: dict, pinned: tuple[str, ...]) -> None:
+    """Each pinned blockwise kernel against the float64 product of its dequantized inputs, on
+    CHECK_ROWS rows spread over the result (every M tile where M allows)."""
+    from tilekiln.blockwise import dequantize
+
+    a_bw, w_bw, sa_bw, sb_bw = s["blockwise"]
+    m = a_bw.shape[0]
+    rows = torch.linspace(0, m - 1, min(m, CHECK_ROWS), device="cuda").long().unique()
+    ref = dequantize(a_bw[rows], sa_bw[rows], (1, BLOCK)) @ dequantize(w_bw, sb_bw, (BLOCK, BLOCK)).t()
+    sides = calls(bundle, s, pinned)
+    for kid in pinned:
+        s["out"].fill_(float("nan"))
+        got = sides[kid]()[rows].double()
+        err = ((got - ref).norm() / ref.norm()).item()
+        if not err < 1e-2:
+            raise SystemExit(f"numerics check failed for {kid} {tuple(a_bw.shape)}x{tuple(w_bw.shape)}: "
+                             f"relative error {err} on {len(rows)} rows")
+
+
 def run(args) -> dict:
     bundle = tilekiln.load(args.bundle)
     shapes = deepseek_suite() + ([] if args.deepseek_only else shape_suite())
+    pinned = ()
+    if args.all_kernels:
+        pinned = tuple(k.id for k in bundle.kernels
+                       if k.config.scaling.value == "blockwise" and k.config.family == "gemm")
+        if not pinned:
+            raise SystemExit(f"bench/blockwise.py: bundle {bundle.name} has no dense blockwise kernel")
+        shapes = deepseek_suite() if args.deepseek_only else list(ALL_KERNEL_SHAPES)
     if args.quick:
         shapes = [(4096, 7168, 2048), (128, 24576, 1536), (8192, 8192, 8192)]
-    rows = {s: {side: [] for side in SIDES} for s in shapes}
+    sides = SIDES + pinned
+    rows = {s: {side: [] for side in sides} for s in shapes}
     info = {}
     for rep in range(args.repeats):
         for (m, n, k) in shapes:
             one = (m * k + n * k) * 3 + m * n * 2  # bytes per set: bf16 and two fp8 copies, and the output
             sets = [operand_set(m, n, k) for _ in range(max(1, min(8, math.ceil(2 * L2_BYTES / one))))]
             if rep == 0:
-                check_kernels(bundle, sets[0])
+                if pinned:
+                    check_pinned(bundle, sets[0], pinned)
+                else:
+                    check_kernels(bundle, sets[0])
                 a_bw, w_bw, sa_bw, sb_bw = sets[0]["blockwise"]
                 a_t, w_t, _, _ = sets[0]["tensor"]
                 info[(m, n, k)] = {
                     "kernel_blockwise": bundle.explain(a_bw, w_bw.t(), out_dtype="bf16",
                                                        requested=(("scaling", "blockwise"),)).kernel.id,
-                    "kernel_tensor": bundle.explain(a_t, w_t.t(), out_dtype="bf16").kernel.id,
-                    "relative_error": errors(bundle, sets[0])}
+                    "kernel_tensor": bundle.explain(a_t, w_t.t(), out_dtype="bf16").kernel.id}
+                if not pinned:
+                    info[(m, n, k)]["relative_error"] = errors(bundle, sets[0])
             flops = 2 * m * n * k
-            per_set = [calls(bundle, s) for s in sets]
+            per_set = [calls(bundle, s, pinned) for s in sets]
             iters = block_launches(flops)
             timers = {side: block_timer(lambda i, side=side: per_set[i % len(per_set)][side](), iters,
-                                        args.settle_ms, True, f"{m}x{n}x{k} {side}") for side in SIDES}
-            times = {side: [] for side in SIDES}
+                                        args.settle_ms, True, f"{m}x{n}x{k} {side}") for side in sides}
+            times = {side: [] for side in sides}
             for block in range(4):
-                # Rotate the order so each side follows each other side alike.
-                order = SIDES[block % 3:] + SIDES[:block % 3]
-                for side in order:
+                # Rotate the order so each side follows each other side alike (three sides: shifts 0,
+                # 1, 2, 0; more: spread over the four blocks, a quarter of the sides apart).
+                shift = (block * len(sides) + 3) // 4 % len(sides)
+                for side in sides[shift:] + sides[:shift]:
                     times[side].append(timers[side]())
-            for side in SIDES:
+            for side in sides:
                 rows[(m, n, k)][side].append(flops / statistics.median(times[side]) / 1e9)
             r = rows[(m, n, k)]
             print(f"rep {rep} {m:6d}x{n:6d}x{k:6d}  blockwise {r['blockwise'][-1]:7.1f}  tensor "
                   f"{r['tensor'][-1]:7.1f}  bf16 {r['bf16'][-1]:7.1f}  vs tensor "
                   f"{r['blockwise'][-1] / r['tensor'][-1]:.3f}  vs bf16 {r['blockwise'][-1] / r['bf16'][-1]:.3f}",
                   flush=True)
+            for kid in pinned:
+                print(f"      {kid:66s} {r[kid][-1]:7.1f}  vs tensor {r[kid][-1] / r['tensor'][-1]:.3f}  "
+                      f"vs bf16 {r[kid][-1] / r['bf16'][-1]:.3f}", flush=True)
             sets = per_set = timers = None  # free the operands (and graphs) before the next shape
     results = []
     for (m, n, k), r in rows.items():
-        med = {side: statistics.median(r[side]) for side in SIDES}
-        results.append({
+        med = {side: statistics.median(r[side]) for side in sides}
+        row = {
             "m": m, "n": n, "k": k, "suite": "deepseek-v3" if (m, n, k) in deepseek_suite() else "bench",
             **info[(m, n, k)],
             **{f"{side}_tflops": round(med[side], 1) for side in SIDES},
             "ratio_vs_tensor": round(med["blockwise"] / med["tensor"], 4),
             "ratio_vs_bf16": round(med["blockwise"] / med["bf16"], 4),
-            "runs": {side: [round(x, 1) for x in r[side]] for side in SIDES},
-        })
+            "runs": {side: [round(x, 1) for x in r[side]] for side in sides},
+        }
+        if pinned:
+            row["kernels_tflops"] = {kid: round(med[kid], 1) for kid in pinned}
+            row["kernels_vs_tensor"] = {kid: round(med[kid] / med["tensor"], 4) for kid in pinned}
+            row["fastest_kernel"] = max(pinned, key=lambda kid: med[kid])
+        results.append(row)
 
     def geomean(key: str) -> float:
         return round(math.exp(statistics.fmean(math.log(x[key]) for x in results)), 4)
@@ -177,9 +238,16 @@ def run(args) -> dict:
     summary = {"geomean_vs_tensor": geomean("ratio_vs_tensor"), "geomean_vs_bf16": geomean("ratio_vs_bf16"),
                "min_vs_tensor": min(x["ratio_vs_tensor"] for x in results),
                "min_vs_bf16": min(x["ratio_vs_bf16"] for x in results),
-               "blockwise_more_accurate_per_row": sum(
-                   x["relative_error"]["blockwise"]["rows"] < x["relative_error"]["tensor"]["rows"] for x in results),
                "shapes": len(results)}
+    if pinned:
+        # Per kernel: its geomean against per-tensor fp8 over the shapes, and on how many it was fastest.
+        summary["kernels"] = {kid: {
+            "geomean_vs_tensor": round(math.exp(statistics.fmean(
+                math.log(x["kernels_vs_tensor"][kid]) for x in results)), 4),
+            "fastest_on": sum(x["fastest_kernel"] == kid for x in results)} for kid in pinned}
+    else:
+        summary["blockwise_more_accurate_per_row"] = sum(
+            x["relative_error"]["blockwise"]["rows"] < x["relative_error"]["tensor"]["rows"] for x in results)
     return {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "bundle": bundle.name, "bundle_version": bundle.version,
             "repeats": args.repeats, "settle_ms": args.settle_ms, "timing": "graph",
@@ -196,6 +264,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="three shapes only")
     p.add_argument("--deepseek-only", action="store_true", help="the DeepSeek-V3 shapes only")
+    p.add_argument("--all-kernels", action="store_true",
+                   help="also time every dense blockwise kernel of the bundle, pinned, on ALL_KERNEL_SHAPES")
     p.add_argument("--settle-ms", type=float, default=SETTLE_MS,
                    help="untimed launches of the same side before each timed block (0: none)")
     p.add_argument("--json", type=Path, default=None)
@@ -205,13 +275,21 @@ def main() -> None:
     except CaptureError as exc:
         raise SystemExit(f"bench/blockwise.py: {exc}")
     print(json.dumps(report["summary"]))
-    print(f"{'shape':>22s} {'blockwise':>9s} {'tensor':>9s} {'bf16':>9s} {'/tensor':>8s} {'/bf16':>7s} "
-          f"{'row err bw':>10s} {'row err pt':>10s}  kernel")
-    for r in report["results"]:
-        e = r["relative_error"]
-        print(f"{r['m']:6d}x{r['n']:6d}x{r['k']:6d} {r['blockwise_tflops']:9.1f} {r['tensor_tflops']:9.1f} "
-              f"{r['bf16_tflops']:9.1f} {r['ratio_vs_tensor']:8.3f} {r['ratio_vs_bf16']:7.3f} "
-              f"{e['blockwise']['rows']:10.2e} {e['tensor']['rows']:10.2e}  {r['kernel_blockwise']}")
+    if args.all_kernels:
+        print(f"{'shape':>22s} {'blockwise':>9s} {'tensor':>9s} {'bf16':>9s} {'/tensor':>8s}  fastest pinned kernel")
+        for r in report["results"]:
+            best = r["fastest_kernel"]
+            print(f"{r['m']:6d}x{r['n']:6d}x{r['k']:6d} {r['blockwise_tflops']:9.1f} {r['tensor_tflops']:9.1f} "
+                  f"{r['bf16_tflops']:9.1f} {r['ratio_vs_tensor']:8.3f}  {best} "
+                  f"{r['kernels_tflops'][best]:.1f} ({r['kernels_vs_tensor'][best]:.3f})")
+    else:
+        print(f"{'shape':>22s} {'blockwise':>9s} {'tensor':>9s} {'bf16':>9s} {'/tensor':>8s} {'/bf16':>7s} "
+              f"{'row err bw':>10s} {'row err pt':>10s}  kernel")
+        for r in report["results"]:
+            e = r["relative_error"]
+            print(f"{r['m']:6d}x{r['n']:6d}x{r['k']:6d} {r['blockwise_tflops']:9.1f} {r['tensor_tflops']:9.1f} "
+                  f"{r['bf16_tflops']:9.1f} {r['ratio_vs_tensor']:8.3f} {r['ratio_vs_bf16']:7.3f} "
+                  f"{e['blockwise']['rows']:10.2e} {e['tensor']['rows']:10.2e}  {r['kernel_blockwise']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -16,7 +16,8 @@ from pathlib import Path
 import jinja2
 
 from builder.check.context import KernelContext
-from tilekiln.spec import BLOCK_EXTENTS, BLOCKWISE_BLOCK, FAMILIES, GLU_BLOCK, SCALED_OUTPUTS, Scheduler
+from tilekiln.spec import (BLOCK_EXTENTS, BLOCKWISE_BLOCK, FAMILIES, GLU_BLOCK, SCALED_OUTPUTS, Scheduler,
+                           blockwise_b_blocks, blockwise_partials)
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,8 @@ def template_context(ctx: KernelContext) -> dict[str, object]:
     """The template variables: the kernel's config (``cfg``, every field of tilekiln/spec.py's
     KernelConfig), the plan the validator checked (``plan``), its family's arguments
     (``family``), the blockwise scale block and the extents counted in it (``block``,
-    ``block_extents``), the gated weights' block of rows (``glu_block``), the largest finite C an
+    ``block_extents``), the B scale blocks a blockwise tile spans and the partial sums it holds
+    (``b_blocks``, ``partials``), the gated weights' block of rows (``glu_block``), the largest finite C an
     8-bit output saturates to (``c_finite_max``, 0 for other outputs; the docstring states it), and the one fact value a
     template embeds."""
     cfg = ctx.entry.config
@@ -54,6 +56,8 @@ def template_context(ctx: KernelContext) -> dict[str, object]:
         "plan": ctx.plan,
         "family": FAMILIES[cfg.family],
         "block": BLOCKWISE_BLOCK,
+        "b_blocks": blockwise_b_blocks(cfg.tile.n),
+        "partials": blockwise_partials(cfg.tile.n),
         "block_extents": tuple(BLOCK_EXTENTS),
         "glu_block": GLU_BLOCK,
         "c_finite_max": SCALED_OUTPUTS.get(cfg.dtypes.c.value, 0.0),

@@ -16,6 +16,7 @@ import pytest
 
 from builder.compile.cubin import disassemble
 from tests.compile.conftest import make_project, run_build, sm90_catalog
+from tests.compile.test_blockwise_kernel import loads_waited_at_issue
 from tests.compile.test_launch_record import Recorded, check_grouped_launches, link_recording_library
 from tilekiln.problem import requested_epilogue
 
@@ -60,6 +61,7 @@ def test_each_block_starts_fresh_and_is_promoted_while_the_next_runs(built):
         assert len(fresh) == BLOCK_SITES, "one zero-initialised WGMMA per K block"
         assert len(set(fresh)) == 2, "two partial sums alternate"
         assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass, "the next block runs while one is promoted"
+        assert not loads_waited_at_issue(sass), "a block's WGMMAs wait for a scale's global load"
         # Each consumer thread holds 64 values of its 64 x 128 accumulator block.
         values = plan.acc_regs_per_thread
         assert values == 64, record.kernel_id

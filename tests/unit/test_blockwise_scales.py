@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 import tilekiln  # noqa: E402
 from tilekiln.blockwise import check_scales, dequantize  # noqa: E402
 from tilekiln.select import Choice, choose_fused  # noqa: E402
-from tilekiln.spec import Scaling, parse_kernel_id  # noqa: E402
+from tilekiln.spec import Scaling, blockwise_b_blocks, blockwise_partials, parse_kernel_id  # noqa: E402
 
 E4M3_MAX = 448.0
 
@@ -151,6 +151,23 @@ def test_blockwise_kernel_ids_round_trip():
     config = parse_kernel_id("gemm_sm90_e4m3_e4m3_f32_bf16_tn_128x128x128_c1x1_blockwise")
     assert config.scaling is Scaling.BLOCKWISE
     assert parse_kernel_id("gemm_sm90_e4m3_e4m3_f32_bf16_tn_128x128x128_c1x1").scaling is Scaling.TENSOR
+
+
+@pytest.mark.parametrize("tile_n, b_blocks, partials", [
+    (16, 1, 2), (64, 1, 2), (128, 1, 2),  # a tile lies in one B scale block: two partial sums
+    (192, 2, 1), (256, 2, 1),  # two blocks, split at 64 or 128 columns: one partial sum
+    (96, 0, 1), (320, 0, 1)])  # split at 32 or 96, or three blocks: rule BLOCKWISE refuses them
+def test_the_b_scale_blocks_a_tile_spans_decide_its_partial_sums(tile_n, b_blocks, partials):
+    assert blockwise_b_blocks(tile_n) == b_blocks
+    assert blockwise_partials(tile_n) == partials
+
+
+def test_every_origin_of_a_two_block_tile_splits_at_64_or_128():
+    """What the template's promotion unrolls: a tile's first B block covers 64 or 128 columns."""
+    for tile_n in (192, 256):
+        splits = {128 - (tn * tile_n) % 128 for tn in range(64)}
+        assert splits <= {64, 128}
+        assert all(128 - (tn * tile_n) % 128 + 128 >= tile_n for tn in range(64)), "at most two blocks"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ from builder.check.context import KernelContext
 from builder.check.derive import Sm90Plan, Tcgen05Plan
 from builder.check.rules.registry import rule
 from builder.diagnostics import Diagnostic, Severity
-from tilekiln.spec import Scaling
+from tilekiln.spec import Scaling, blockwise_partials
 
 
 def _breakdown(ctx: KernelContext) -> str:
@@ -147,9 +147,10 @@ def check_registers(ctx: KernelContext) -> Iterator[Diagnostic]:
     # the epilogue fragment; 64 is what the 128x256 tile leaves (232 - 128)
     # and still compiles without spills.
     headroom = 64
-    # Blockwise scaling holds the main accumulator and two partial sums (one block's WGMMAs
-    # write one while the other is promoted).
-    sets = 3 if ctx.entry.config.scaling is Scaling.BLOCKWISE else 1
+    # Blockwise scaling holds the main accumulator and its partial sums (tilekiln/spec.py,
+    # blockwise_partials).
+    cfg = ctx.entry.config
+    sets = 1 + blockwise_partials(cfg.tile.n) if cfg.scaling is Scaling.BLOCKWISE else 1
     if sets > 1:
         # The blockwise 128x128 cooperative kernels' consumers use up to R227 of 232 (c2x1), 192 of them
         # accumulators, with no spills (nvidia-cutlass-dsl 4.8.1): the promotion loop needs less
@@ -157,8 +158,8 @@ def check_registers(ctx: KernelContext) -> Iterator[Diagnostic]:
         headroom = 40
     held = sets * plan.acc_regs_per_thread
     if held + headroom > plan.consumer_regs:
-        what = (f"{held} accumulator registers per thread (the main accumulator and two partial sums of "
-                f"{plan.acc_regs_per_thread} each, blockwise scaling)" if sets > 1
+        what = (f"{held} accumulator registers per thread (the main accumulator and {sets - 1} partial "
+                f"sum{'s' if sets > 2 else ''} of {plan.acc_regs_per_thread} each, blockwise scaling)" if sets > 1
                 else f"{held} accumulator registers per thread")
         yield ctx.diag("REGISTER-BUDGET", "tile", f"{what} plus {headroom} working registers exceed the "
                        f"{plan.consumer_regs} a consumer thread gets", "use a smaller tile M x N", acc_regs=held,

@@ -7,7 +7,7 @@ from typing import Iterator
 from builder.check.context import KernelContext
 from builder.check.rules.registry import rule
 from builder.diagnostics import Diagnostic, did_you_mean
-from tilekiln.spec import BLOCKWISE_BLOCK, GLU_BLOCK, SCALED_OUTPUTS, Scalars, Scaling, Scheduler
+from tilekiln.spec import BLOCKWISE_BLOCK, GLU_BLOCK, SCALED_OUTPUTS, Scalars, Scaling, Scheduler, blockwise_b_blocks
 
 
 @rule("TARGET-ARCH", "every target of a config is a compile target of its pipeline")
@@ -174,9 +174,10 @@ def check_blockwise(ctx: KernelContext) -> Iterator[Diagnostic]:
         yield ctx.diag("BLOCKWISE", "tile", f"tile K {cfg.tile.k} is not the scale block of {block}: each pipeline "
                        "stage's partial sum is promoted with one K block's scales",
                        f"use tile K {block}", tile_k=cfg.tile.k, scale_block=block)
-    if block % cfg.tile.n:
-        yield ctx.diag("BLOCKWISE", "tile", f"tile N {cfg.tile.n} does not divide the scale block of {block}, so "
-                       "a tile would straddle two B scale blocks", "use tile N 64 or 128",
+    if not blockwise_b_blocks(cfg.tile.n):
+        yield ctx.diag("BLOCKWISE", "tile", f"tile N {cfg.tile.n} neither divides the scale block of {block} nor "
+                       f"is a multiple of {block // 2} up to {2 * block}, so a tile's columns would not split "
+                       "between at most two B scale blocks at a multiple of 64", "use tile N 64, 128 or 192",
                        tile_n=cfg.tile.n, scale_block=block)
     if cfg.layout.code != "tn" or cfg.swap_ab:
         yield ctx.diag("BLOCKWISE", "layout" if cfg.layout.code != "tn" else "swap_ab",
