@@ -918,19 +918,19 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
     if block_format is not None:
         check_scale_pointers(scale_a, scale_b)
     if blockwise or rowwise:
-        _check_float_pointers(scale_a, scale_b)
-    if fp8_result and scale_result.data_ptr() & 3:
-        raise ValueError("scale_result: data pointer is not 4-byte aligned (a float32 view at an odd byte offset); "
-                         "pass a fresh float32 tensor")
+        _check_float_pointers(scale_a=scale_a, scale_b=scale_b)
+    if fp8_result:
+        _check_float_pointers(scale_result=scale_result)
     bundle.launch(plan, a.data_ptr(), b.data_ptr(), out.data_ptr(), _stream_handle(stream, plan.problem.device),
                   pa, pb, 0 if bias is None else bias.data_ptr(), 0,
                   scale_result.data_ptr() if fp8_result else 0)
     return out
 
 
-def _check_float_pointers(scale_a: Tensor, scale_b: Tensor) -> None:
-    """Scales the kernels read one float32 at a time (row-wise, blockwise) start 4-byte aligned."""
-    for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
+def _check_float_pointers(**scales: Tensor) -> None:
+    """Scales the kernels read one float32 at a time (row-wise, blockwise, an fp8 result's
+    scale_result) start 4-byte aligned; ValueError naming the argument (its keyword) where not."""
+    for name, scale in scales.items():
         if scale.data_ptr() & 3:
             raise ValueError(f"{name}: data pointer is not 4-byte aligned (a float32 view at an odd byte offset); "
                              "pass a fresh float32 tensor")
@@ -1312,7 +1312,7 @@ def run_grouped_gemm(bundle: Bundle, a: Tensor, b: Tensor, rows, scale_a, scale_
         stage = _stage_for(out, problem.k, stream, keep=True)
         target = out if stage is None else stage
     if scale_format == "blockwise":
-        _check_float_pointers(scale_a, scale_b)
+        _check_float_pointers(scale_a=scale_a, scale_b=scale_b)
     elif scale_format is not None:
         check_scale_pointers(scale_a, scale_b)
     launch_grouped(bundle, plan, a.data_ptr(), b.data_ptr(), target.data_ptr(), rows.data_ptr(),
