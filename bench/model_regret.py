@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tilekiln.manifest import TuningTable, read_manifest  # noqa: E402
 from tilekiln.model import DEFAULT_MODEL  # noqa: E402
-from tilekiln.tuning.fit import fit, model_time, samples  # noqa: E402
+from tilekiln.tuning.fit import fit, model_pick, samples  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def rows(shapes, kernels, sm_count, model) -> list[dict]:
     out = []
     for s in shapes:
-        pick = min(s.times, key=lambda label: (model_time(label, s.problem, kernels, sm_count, model), label))
+        pick = model_pick(s, kernels, sm_count, model)
         best = min(s.times, key=s.times.get)
         out.append({"bucket": s.bucket, "model": pick, "fastest": best, "candidates": len(s.times),
                     "ratio": round(s.times[pick] / s.times[best], 4)})

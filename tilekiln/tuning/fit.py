@@ -105,6 +105,11 @@ def model_time(label: str, problem: GemmProblem, kernels: dict[str, KernelRecord
     return cost + (split_cost(problem, split, model) if split > 1 else 0.0)
 
 
+def model_pick(sample: Sample, kernels: dict[str, KernelRecord], sm_count: int, model: ModelParams) -> str:
+    """The measured choice of ``sample`` the model ranks first (ties by label, as choose breaks them)."""
+    return min(sample.times, key=lambda label: (model_time(label, sample.problem, kernels, sm_count, model), label))
+
+
 def regret(shapes: list[Sample], kernels: dict[str, KernelRecord], sm_count: int,
            model: ModelParams) -> tuple[float, float]:
     """(geometric mean, worst) over ``shapes`` of the model's pick's measured time over the fastest
@@ -113,8 +118,7 @@ def regret(shapes: list[Sample], kernels: dict[str, KernelRecord], sm_count: int
         return 1.0, 1.0
     ratios = []
     for s in shapes:
-        pick = min(s.times, key=lambda label: (model_time(label, s.problem, kernels, sm_count, model), label))
-        ratios.append(s.times[pick] / min(s.times.values()))
+        ratios.append(s.times[model_pick(s, kernels, sm_count, model)] / min(s.times.values()))
     return math.exp(statistics.fmean(math.log(r) for r in ratios)), max(ratios)
 
 
