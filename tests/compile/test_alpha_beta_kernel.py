@@ -9,7 +9,7 @@ import re
 import pytest
 
 from builder.compile.cubin import disassemble
-from tests.compile.conftest import make_project, run_build, sm90_catalog
+from tests.compile.conftest import build_catalogs, sm90_catalog
 from tests.compile.test_launch_record import Recorded, link_recording_library, run_kernel
 
 pytestmark = pytest.mark.compile
@@ -35,8 +35,7 @@ def _count(opcode: str, sass: str) -> int:
 @pytest.fixture(scope="module")
 def alpha_beta_build(tmp_path_factory):
     base = tmp_path_factory.mktemp("alpha_beta")
-    result = run_build(make_project(base / "project", CATALOG), base / "artifacts", base / "cache", jobs=2)
-    assert result.ok, [r.error for b in result.bundles for r in b.failed]
+    result = build_catalogs(base, {"sm90.yaml": CATALOG})
     return result
 
 

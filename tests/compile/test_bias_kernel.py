@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from builder.compile.cubin import disassemble
-from tests.compile.conftest import make_project, run_build, sm90_catalog
+from tests.compile.conftest import build_catalogs, sm90_catalog
 from tests.compile.test_launch_record import Recorded, link_recording_library, run_kernel
 
 pytestmark = pytest.mark.compile
@@ -42,8 +42,7 @@ def _loads(sass: str) -> Counter:
 @pytest.fixture(scope="module")
 def bias_build(tmp_path_factory):
     base = tmp_path_factory.mktemp("bias")
-    result = run_build(make_project(base / "project", CATALOG), base / "artifacts", base / "cache", jobs=2)
-    assert result.ok, [r.error for b in result.bundles for r in b.failed]
+    result = build_catalogs(base, {"sm90.yaml": CATALOG})
     return result
 
 

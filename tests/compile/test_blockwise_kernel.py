@@ -16,7 +16,7 @@ import re
 import pytest
 
 from builder.compile.cubin import disassemble
-from tests.compile.conftest import make_project, run_build, sm90_catalog
+from tests.compile.conftest import build_catalogs, sm90_catalog
 from tests.compile.test_launch_record import Recorded, expected_launch, link_recording_library, operand, recorded_launch
 
 pytestmark = pytest.mark.compile
@@ -72,8 +72,7 @@ def loads_waited_at_issue(sass: str) -> list[str]:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     base = tmp_path_factory.mktemp("blockwise")
-    result = run_build(make_project(base / "project", CATALOG), base / "artifacts", base / "cache", jobs=2)
-    assert result.ok, [r.error for b in result.bundles for r in b.failed]
+    result = build_catalogs(base, {"sm90.yaml": CATALOG})
     return result.bundles[0]
 
 

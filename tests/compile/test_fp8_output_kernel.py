@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from builder.compile.cubin import disassemble
-from tests.compile.conftest import make_project, run_build, sm90_catalog
+from tests.compile.conftest import build_catalogs, sm90_catalog
 from tests.compile.test_launch_record import Recorded, link_recording_library, run_kernel
 
 pytestmark = pytest.mark.compile
@@ -39,8 +39,7 @@ LOADS = re.compile(r"\bLDG\.E(\.U16)?(?:\.[A-Z0-9]+)*\b")
 @pytest.fixture(scope="module")
 def fp8_build(tmp_path_factory):
     base = tmp_path_factory.mktemp("fp8_output")
-    result = run_build(make_project(base / "project", CATALOG), base / "artifacts", base / "cache", jobs=2)
-    assert result.ok, [r.error for b in result.bundles for r in b.failed]
+    result = build_catalogs(base, {"sm90.yaml": CATALOG})
     return result
 
 

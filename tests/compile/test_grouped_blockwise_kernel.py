@@ -15,7 +15,7 @@ import re
 import pytest
 
 from builder.compile.cubin import disassemble
-from tests.compile.conftest import make_project, run_build, sm90_catalog
+from tests.compile.conftest import build_catalogs, make_project, run_build, sm90_catalog
 from tests.compile.test_blockwise_kernel import loads_waited_at_issue
 from tests.compile.test_launch_record import Recorded, check_grouped_launches, link_recording_library
 from tilekiln.problem import requested_epilogue
@@ -43,8 +43,7 @@ REGISTER = re.compile(r"\bR(\d+)\b")
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     base = tmp_path_factory.mktemp("grouped_blockwise")
-    result = run_build(make_project(base / "project", CATALOG), base / "artifacts", base / "cache", jobs=2)
-    assert result.ok, [r.error for b in result.bundles for r in b.failed]
+    result = build_catalogs(base, {"sm90.yaml": CATALOG})
     return base, result.bundles[0]
 
 

@@ -11,7 +11,7 @@ import math
 import pytest
 
 from builder.compile.cubin import disassemble
-from tests.compile.conftest import make_project, run_build, sm90_catalog
+from tests.compile.conftest import build_catalogs, sm90_catalog
 from tests.compile.test_bias_kernel import LOADS
 from tests.compile.test_launch_record import Launch, Recorded, link_recording_library, recorded_launch
 from tilekiln._tensors import Operand
@@ -51,8 +51,7 @@ PROBLEMS = ((16, 2 * 1536, 2048, 8), (1008, 2 * 576, 528, 3), (8192, 1536, 2048,
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
     base = tmp_path_factory.mktemp("grouped_epilogues")
-    result = run_build(make_project(base / "project", CATALOG), base / "artifacts", base / "cache", jobs=2)
-    assert result.ok, [r.error for b in result.bundles for r in b.failed]
+    result = build_catalogs(base, {"sm90.yaml": CATALOG})
     return result
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.compile.conftest import make_project, run_build, sm90_catalog
+from tests.compile.conftest import build_catalogs, sm90_catalog
 from tests.compile.test_launch_record import Recorded, check_grouped_launches, link_recording_library
 from tilekiln._tensors import Operand
 from tilekiln.grouped import launch_grouped, make_grouped_problem, plan_grouped
@@ -30,8 +30,7 @@ PROBLEMS = ((16, 4096, 4096, 8), (1008, 1040, 528, 3), (8192, 1536, 2048, 128), 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> Recorded:
     base = tmp_path_factory.mktemp("grouped")
-    result = run_build(make_project(base / "project", CATALOG), base / "artifacts", base / "cache")
-    assert result.ok, [r.error for b in result.bundles for r in b.failed]
+    result = build_catalogs(base, {"sm90.yaml": CATALOG})
     bundle = result.bundles[0]
     return Recorded(bundle, link_recording_library(bundle, base / "lib"), base)
 

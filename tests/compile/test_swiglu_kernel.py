@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from builder.compile.cubin import disassemble
-from tests.compile.conftest import make_project, run_build, sm90_catalog
+from tests.compile.conftest import build_catalogs, sm90_catalog
 from tests.compile.test_bias_kernel import LOADS
 from tests.compile.test_launch_record import Recorded, link_recording_library, run_kernel
 
@@ -27,8 +27,7 @@ CATALOG = sm90_catalog("""\
 @pytest.fixture(scope="module")
 def swiglu_build(tmp_path_factory):
     base = tmp_path_factory.mktemp("swiglu")
-    result = run_build(make_project(base / "project", CATALOG), base / "artifacts", base / "cache", jobs=2)
-    assert result.ok, [r.error for b in result.bundles for r in b.failed]
+    result = build_catalogs(base, {"sm90.yaml": CATALOG})
     return result
 
 
