@@ -128,6 +128,16 @@ def _poisoned(torch, shape, dtype):
     return torch.full((*shape[:-1], lead), float("nan"), device="cuda", dtype=dtype)[..., :shape[-1]]
 
 
+def _masked_rows(torch, out, rows):
+    """The rows a masked call wrote (each group's first ``rows[g]`` of ``out`` (G, M_max, N), in
+    order), or NaN in their place where a row past a count was written: those must keep the NaN
+    ``_poisoned`` filled them with."""
+    got = torch.cat([out[g, :r] for g, r in enumerate(rows)])
+    if not all(torch.isnan(out[g, r:]).all() for g, r in enumerate(rows)):
+        return torch.full_like(got, float("nan"))
+    return got
+
+
 def _runs(torch, bundle, kernel: KernelRecord, gen):
     """(description, output, float64 reference) for each run of ``kernel``. A kernel that computes a
     requested epilogue (a bias, an activation, a residual) is called asking for it, with a fresh
@@ -289,10 +299,7 @@ def _block_scaled_grouped_runs(torch, bundle, kernel: KernelRecord, gen, name: s
                                     bs.to_blocked(sa), bs.to_blocked(sw), out, None, kernel.id, masked=True,
                                     scale_format=name)
             ref = bs.reference_grouped_mm(a, sa, w, sw, rows, name, masked=True)
-            got = torch.cat([out[g, :r] for g, r in enumerate(rows)])
-            if not all(torch.isnan(out[g, r:]).all() for g, r in enumerate(rows)):
-                got = torch.full_like(got, float("nan"))  # a row past masked_m was written
-            yield what, got, torch.cat([ref[g, :r] for g, r in enumerate(rows)])
+            yield what, _masked_rows(torch, out, rows), torch.cat([ref[g, :r] for g, r in enumerate(rows)])
         else:
             a, sa = bs.quantize_operand(torch.randn(sum(rows), k, device="cuda", generator=gen), name)
             ends = torch.tensor(rows, device="cuda").cumsum(0).to(torch.int32)
@@ -345,11 +352,7 @@ def _grouped_runs(torch, bundle, kernel: KernelRecord, gen, dtype, out_dtype, sc
             out = _poisoned(torch, (groups, slots, out_n), out_dtype)
             _torch.run_grouped_gemm(bundle, a, w.transpose(1, 2), counts, sa, sb, out, None, kernel.id, masked=True,
                                     activation=activation)
-            got = torch.cat([out[g, :r] for g, r in enumerate(rows)])
-            ref = torch.cat([product(g, a[g, :r]) for g, r in enumerate(rows)])
-            if not all(torch.isnan(out[g, r:]).all() for g, r in enumerate(rows)):
-                got = torch.full_like(got, float("nan"))  # a row past masked_m was written
-            yield what, got, ref
+            yield what, _masked_rows(torch, out, rows), torch.cat([product(g, a[g, :r]) for g, r in enumerate(rows)])
         else:
             a = torch.randn(sum(rows), k, device="cuda", generator=gen).to(dtype)
             ends = torch.tensor(rows, device="cuda").cumsum(0).to(torch.int32)
@@ -389,11 +392,7 @@ def _grouped_blockwise_runs(torch, bundle, kernel: KernelRecord, gen):
             out = _poisoned(torch, (groups, slots, n), torch.bfloat16)
             _torch.run_grouped_gemm(bundle, a8, w8.transpose(1, 2), counts, sa, sb, out, None, kernel.id,
                                     masked=True, scale_format="blockwise")
-            got = torch.cat([out[g, :r] for g, r in enumerate(rows)])
-            ref = torch.cat([a64[g, :r] @ w64[g].t() for g, r in enumerate(rows)])
-            if not all(torch.isnan(out[g, r:]).all() for g, r in enumerate(rows)):
-                got = torch.full_like(got, float("nan"))  # a row past masked_m was written
-            yield what, got, ref
+            yield what, _masked_rows(torch, out, rows), torch.cat([a64[g, :r] @ w64[g].t() for g, r in enumerate(rows)])
         else:
             ends = torch.tensor(rows, device="cuda").cumsum(0).to(torch.int32)
             out = _poisoned(torch, (sum(rows), n), torch.bfloat16)

@@ -795,3 +795,15 @@ def test_explain_gives_each_candidates_estimate_in_microseconds():
     # 112 K steps at the 0.2 us floor: the 24 us the H100 took
     assert f"accept swap: estimate {candidate.microseconds:.3g} us; contract fits" in str(choice)
     assert 22 < candidate.microseconds < 25
+
+
+def test_verify_reads_a_masked_result_and_refuses_rows_past_the_counts():
+    torch = pytest.importorskip("torch")
+    from tilekiln.verify import _masked_rows
+
+    out = torch.full((2, 3, 4), float("nan"))
+    out[0, :2], out[1, :1] = 1.0, 2.0
+    got = _masked_rows(torch, out, [2, 1])
+    assert got.shape == (3, 4) and got[:2].eq(1.0).all() and got[2].eq(2.0).all()
+    out[1, 2, 0] = 0.0  # a row past group 1's count was written
+    assert _masked_rows(torch, out, [2, 1]).isnan().all()
