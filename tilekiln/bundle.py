@@ -381,6 +381,11 @@ class Bundle:
             kernels, splits = tuple(k for k in self.kernels if k.id == kernel_id), (split,)
             if not kernels:
                 raise NoKernelError(f"kernel={kernel!r}: bundle {self.name} has no such kernel")
+        return self.choose_among(kernels, problem, splits)
+
+    def choose_among(self, kernels: tuple[KernelRecord, ...], problem, splits: tuple[int, ...] = (1,)) -> Choice:
+        """tilekiln.select.choose over ``kernels`` with what the problem's device gives it: its SM
+        count, its tuning table (:meth:`table_for`) and the clusters each kernel runs at once."""
         device = problem.device
         return choose(kernels, problem, self.device(device).sm_count, self.table_for(device), splits,
                       lambda k: self.resident_clusters(k, device))

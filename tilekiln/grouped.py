@@ -49,7 +49,7 @@ from tilekiln._tensors import Operand
 from tilekiln.bundle import raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
 from tilekiln.problem import GemmProblem, Layout2, gated, padded_lead
-from tilekiln.select import Choice, choose, choose_fused
+from tilekiln.select import Choice, choose_fused
 from tilekiln.spec import BLOCK_SCALED_INPUTS, FAMILIES, MAX_EXTENT, SCALED_INPUTS
 
 MAX_GROUPS = FAMILIES["grouped"].indices[0].limit
@@ -266,9 +266,7 @@ def choose_grouped(bundle, problem: GroupedProblem, kernel: str | None = None) -
         kernels = tuple(k for k in kernels if k.id == kernel)
         if not kernels:
             raise NoKernelError(f"kernel={kernel!r}: bundle {bundle.name} has no such kernel")
-    device = problem.device
-    return choose(kernels, problem, bundle.device(device).sm_count, bundle.table_for(device), (1,),
-                  lambda k: bundle.resident_clusters(k, device))
+    return bundle.choose_among(kernels, problem)
 
 
 def choose_grouped_fused(bundle, problem: GroupedProblem, kernel: str | None = None
