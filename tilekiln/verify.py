@@ -27,7 +27,9 @@ output is NaN.
 
 The record (one per card model, keyed by its SKU) holds the device, driver,
 date, seed and, per kernel, its cubin's sha256 and the largest error. ``--out``
-merges it into an existing file, replacing that SKU's record. Committed as
+merges it into an existing file, replacing that SKU's record; ``--unverified`` runs only the
+kernels whose cubin has no passing record for the card's SKU there (those a catalog change added
+or changed). Committed as
 ``catalog/verification/<bundle>.json``, every later build marks the kernels
 whose cubin is unchanged ``hardware-verified`` on those SKUs in the manifest
 (builder/load/verification.py); ``inspect`` and ``explain`` show it. A kernel
@@ -415,11 +417,13 @@ def verify_kernel(torch, bundle, kernel: KernelRecord, seed: int) -> KernelResul
     return KernelResult(kernel.id, worst, runs, tuple(failures))
 
 
-def verify(bundle, torch, seed: int | None = None, only: str | None = None) -> tuple[dict, list[KernelResult]]:
-    """Run every kernel of ``bundle`` (those whose id contains ``only``); returns the record and the results."""
+def verify(bundle, torch, seed: int | None = None, only: str | None = None,
+           done: frozenset[tuple[str, str]] = frozenset()) -> tuple[dict, list[KernelResult]]:
+    """Run every kernel of ``bundle`` (those whose id contains ``only``, less those whose (id, cubin
+    sha256) is in ``done``: :func:`verified_cubins`); returns the record and the results."""
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     results = [verify_kernel(torch, bundle, k, seed + k.index) for k in bundle.kernels
-               if only is None or only in k.id]
+               if (only is None or only in k.id) and (k.id, k.cubin.sha256) not in done]
     torch.cuda.synchronize()
     cubins = {k.id: k.cubin.sha256 for k in bundle.kernels}
     device = torch.cuda.get_device_name()
@@ -453,6 +457,13 @@ def merge_record(existing: dict | None, bundle: str, record: dict) -> dict:
             "records": sorted([*records, record], key=lambda r: (r["sku"], r.get("date", "")))}
 
 
+def verified_cubins(existing: dict | None, sku_name: str) -> frozenset[tuple[str, str]]:
+    """The (kernel id, cubin sha256) pairs that passed on ``sku_name`` in a verification file: what
+    ``--unverified`` leaves out, since a rebuilt kernel with the same cubin is the same code."""
+    return frozenset((kernel_id, entry["cubin_sha256"]) for r in (existing or {}).get("records", [])
+                     if r.get("sku") == sku_name for kernel_id, entry in r.get("kernels", {}).items())
+
+
 def _read_existing(path: Path, bundle: str) -> dict | None:
     if not path.exists():
         return None
@@ -475,14 +486,21 @@ def main(argv: list[str] | None = None) -> None:
                    help="write (or merge into) this verification file, e.g. catalog/verification/sm90a.json")
     p.add_argument("--seed", type=int, default=None, help="input seed (default: a fresh one from the OS)")
     p.add_argument("--only", default=None, metavar="TEXT", help="only the kernels whose id contains TEXT")
+    p.add_argument("--unverified", action="store_true",
+                   help="only the kernels whose cubin has no passing record for this card's SKU in --out "
+                        "(the kernels a catalog change added or changed)")
     args = p.parse_args(argv)
+    if args.unverified and args.out is None:
+        p.error("--unverified reads the records of --out: give --out FILE")
     from tilekiln.tuning.timing import require_cuda_torch
 
     torch = require_cuda_torch("tilekiln verify")
     import tilekiln
 
     bundle = tilekiln.load(args.bundle)
-    record, results = verify(bundle, torch, args.seed, args.only)
+    done = (verified_cubins(_read_existing(args.out, bundle.name), sku(torch.cuda.get_device_name()))
+            if args.unverified else frozenset())
+    record, results = verify(bundle, torch, args.seed, args.only, done)
     for r in results:
         status = "ok  " if r.passed else "FAIL"
         print(f"{status} {r.kernel_id}: {r.runs} runs, max relative error {r.max_rel_error:.3g}")
@@ -491,7 +509,7 @@ def main(argv: list[str] | None = None) -> None:
     failed = [r for r in results if not r.passed]
     print(f"{len(results) - len(failed)} of {len(results)} kernels verified on {record['sku']} "
           f"(driver {record['driver']}, seed {record['seed']})", file=sys.stderr)
-    if args.out is not None:
+    if args.out is not None and results:
         write_atomic(args.out, json.dumps(merge_record(_read_existing(args.out, bundle.name), bundle.name, record),
                                           indent=2, sort_keys=True) + "\n")
         print(f"wrote {args.out}", file=sys.stderr)

@@ -506,7 +506,7 @@ def verify(ctx: click.Context, bundle: str) -> None:
     """Run every kernel of BUNDLE on this GPU against a float64 reference and record the result.
 
     Options after BUNDLE go to `python3 -m tilekiln.verify` (see its --help):
-    --out (commit it as catalog/verification/<bundle>.json), --seed, --only.
+    --out (commit it as catalog/verification/<bundle>.json), --seed, --only, --unverified.
     """
     from tilekiln.verify import main as verify_main
 

@@ -597,6 +597,28 @@ def test_a_verification_run_replaces_only_its_own_card_models_evidence():
     assert [(r["sku"], r["date"]) for r in last["records"]] == [("H100 80GB HBM3", "2026-12-07"), ("H200", "2026-12-02")]
 
 
+def test_unverified_leaves_out_only_cubins_that_passed_on_the_same_card_model():
+    from tilekiln.verify import verified_cubins
+
+    old, new = "0" * 64, "1" * 64
+    records = {"records": [
+        {"sku": "H100 80GB HBM3", "kernels": {"k1": {"cubin_sha256": old}, "k2": {"cubin_sha256": old}}, "failed": ["k3"]},
+        {"sku": "H200", "kernels": {"k4": {"cubin_sha256": old}}, "failed": []}]}
+    done = verified_cubins(records, "H100 80GB HBM3")
+    assert done == {("k1", old), ("k2", old)}
+    # A rebuilt k1 with another cubin, the failed k3 and the H200's k4 still run on an H100.
+    assert ("k1", new) not in done and not any(kid in ("k3", "k4") for kid, _ in done)
+    assert verified_cubins(None, "H200") == frozenset()
+
+
+def test_unverified_needs_the_file_it_reads(capsys):
+    from tilekiln.verify import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["sm90a", "--unverified"])
+    assert exc.value.code == 2 and "--unverified reads the records of --out" in capsys.readouterr().err
+
+
 def test_explain_says_whether_the_chosen_kernel_ran_on_hardware():
     k = KERNELS[0]
     verified = kernel_record(k.index, k.id, (128, 256, 64), verified_on=("H100 80GB HBM3", "H200"))
