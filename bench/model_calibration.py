@@ -3,7 +3,8 @@
 A sweep (bench/sweep.py) records, per shape, the time of the kernel tilekiln chose. The model
 (tilekiln/select.py) prices a kernel in multiply-add times of one SM, which
 ``ModelParams.sm_macs_per_us`` turns into microseconds, so each measured time can be set against
-its estimate. Grouped by the kind of tile (128-row cooperative, 64-row cooperative, 64- and
+its estimate; ``--dram-gbps`` moves the model to the sweep card's DRAM bandwidth, as the runtime
+does for the device it runs on (tilekiln/model.py, on_device; an H100 SXM's is 3352). Grouped by the kind of tile (128-row cooperative, 64-row cooperative, 64- and
 128-row ping-pong, swapped, split-K), the median of measured over estimated says whether the
 model prices one kind consistently with the others, which is what ranking needs; the spread
 (standard deviation of its logarithm) says how well it follows the shapes. ``--set NAME=VALUE``
@@ -11,6 +12,7 @@ overrides a constant, to see what a value would do.
 
     python3 bench/model_calibration.py bench/results/h100-2026-12-07-sweep-bf16-shard1of4-partial.json
     python3 bench/model_calibration.py SWEEP.json --set lone_warpgroup=1.0 --set step_us=0
+    python3 bench/model_calibration.py SWEEP.json --dram-gbps 3352
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tilekiln.manifest import read_manifest  # noqa: E402
-from tilekiln.model import model_of  # noqa: E402
+from tilekiln.model import model_of, on_device  # noqa: E402
 from tilekiln.select import mma_rate  # noqa: E402
 from tilekiln.splitk import parse_label  # noqa: E402
 from tilekiln.tuning.fit import model_time, problem_of  # noqa: E402
@@ -47,8 +49,10 @@ def main() -> None:
     p.add_argument("--bundle", type=Path, default=ROOT / "artifacts" / "sm90a")
     p.add_argument("--sm-count", type=int, default=132)
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--dram-gbps", type=float, default=None, help="the sweep card's peak DRAM bandwidth (GB/s)")
     args = p.parse_args()
-    model = model_of(tuple((name, float(value)) for name, value in (item.split("=", 1) for item in args.set)))
+    model = on_device(model_of(tuple((name, float(value)) for name, value in (item.split("=", 1) for item in args.set))),
+                      args.dram_gbps)
     kernels = {k.id: k for k in read_manifest(args.bundle, verify=False).kernels}
     ratios: dict[str, list[float]] = {}
     for path in args.sweeps:

@@ -1,8 +1,9 @@
 """The few NVIDIA driver calls the runtime makes without a bundle library.
 
 Used for inputs that are not torch tensors (which pointer lives on which
-device), to describe the visible GPUs in error messages, and for the name and
-memory of a device that pick its tuning table (tilekiln/tuning/sku.py). libcuda is
+device), to describe the visible GPUs in error messages, for the name and
+memory of a device that pick its tuning table (tilekiln/tuning/sku.py), and for its DRAM
+bandwidth, which prices streamed operands in the selection model (tilekiln/model.py). libcuda is
 opened on first use; a machine without the driver gets a clear error.
 """
 
@@ -17,6 +18,8 @@ _cuda = None
 CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE = 36
+CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH = 37
 
 
 class DriverUnavailable(RuntimeError):
@@ -89,6 +92,20 @@ def memory_mib(device: int) -> int:
     if lib.cuDeviceTotalMem_v2(ctypes.byref(total), _device(lib, device)) != 0:
         raise DriverUnavailable(f"cuDeviceTotalMem failed for CUDA device {device}")
     return total.value >> 20
+
+
+def dram_gbps(device: int) -> int | None:
+    """Peak DRAM bandwidth in GB/s: two transfers per memory clock (kHz, as the driver gives it)
+    across the bus (bits): 2619 MHz x 5120 bits is an H100 SXM's 3352. None where the driver
+    reports neither."""
+    lib = _lib()
+    dev, clock_khz, bus_bits = _device(lib, device), ctypes.c_int(), ctypes.c_int()
+    if (lib.cuDeviceGetAttribute(ctypes.byref(clock_khz), CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, dev)
+            or lib.cuDeviceGetAttribute(ctypes.byref(bus_bits), CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, dev)):
+        return None
+    if clock_khz.value <= 0 or bus_bits.value <= 0:
+        return None
+    return round(2 * clock_khz.value * 1e3 * bus_bits.value / 8 / 1e9)
 
 
 def zero_2d(ptr: int, pitch_bytes: int, width_bytes: int, height: int, stream: int) -> None:

@@ -50,11 +50,12 @@ class DeviceInfo:
     # cannot be asked (below, _query_device).
     name: str | None
     memory_mib: int | None
+    dram_gbps: int | None = None  # peak DRAM bandwidth (tilekiln._driver.dram_gbps)
 
     @property
     def sku(self) -> Sku:
         """The GPU model, which picks the device's tuning table (tilekiln/tuning/sku.py)."""
-        return Sku(self.name, self.compute_capability, self.sm_count, self.memory_mib)
+        return Sku(self.name, self.compute_capability, self.sm_count, self.memory_mib, self.dram_gbps)
 
 
 @dataclass(frozen=True)
@@ -249,7 +250,7 @@ class Bundle:
                                info.compute_capability, describe_installed(info.compute_capability))
 
     def _query_device(self, ordinal: int) -> DeviceInfo:
-        from tilekiln._driver import DriverUnavailable, device_name, memory_mib
+        from tilekiln._driver import DriverUnavailable, device_name, dram_gbps, memory_mib
 
         lib = self._library()
         values = []
@@ -261,13 +262,13 @@ class Bundle:
                                   f"({lib.error_string(status)})")
             values.append(value)
         try:
-            name, memory = device_name(ordinal), memory_mib(ordinal)
+            name, memory, bandwidth = device_name(ordinal), memory_mib(ordinal), dram_gbps(ordinal)
         except DriverUnavailable:
             # The library answered without libcuda: a stand-in for the CUDA runtime does that
             # (tests/compile/launch_recorder.c), never a driver. The device then selects by the
             # nearest SKU's table on its compute capability and SM count alone.
-            name, memory = None, None
-        return DeviceInfo(ordinal, (values[0], values[1]), values[2], name, memory)
+            name, memory, bandwidth = None, None, None
+        return DeviceInfo(ordinal, (values[0], values[1]), values[2], name, memory, bandwidth)
 
     def resident_clusters(self, kernel: KernelRecord, device: int) -> int:
         """How many clusters of ``kernel`` a persistent launch on ``device`` starts: as many as

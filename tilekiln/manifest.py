@@ -85,6 +85,10 @@ class Sku:
     compute_capability: tuple[int, int]
     sm_count: int | None  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
     memory_mib: int | None  # cuDeviceTotalMem // 2**20 (torch's total_memory // 2**20)
+    # A device's peak DRAM bandwidth (tilekiln._driver.dram_gbps), which the selection model prices
+    # streamed operands by (tilekiln/model.py, on_device); a table does not state it (a fitted
+    # table's model does, as the bandwidth its constants hold at), so its SKU has None.
+    dram_gbps: int | None = None
 
     def plain(self) -> dict:
         return {"device": self.name, "compute_capability": list(self.compute_capability),

@@ -27,8 +27,10 @@ class ModelParams:
     multicast_gain: float
     # The same for a grouped kernel's cluster along M, whose CTAs share one group's B tile.
     grouped_multicast_gain: float
-    # Price of one operand element an SM streams from DRAM, in MMA multiply-adds.
+    # Price of one operand element an SM streams from DRAM, in MMA multiply-adds, on a card of
+    # ``dram_gbps`` peak DRAM bandwidth (GB/s); :func:`on_device` moves it to another card's.
     macs_per_element: float
+    dram_gbps: float
     # Rows of warpgroup MMAs (sm90) in flight at once that reach an SM's full MMA rate, and the
     # share of it that fewer rows (a 64-row tile, cooperative or ping-pong) reach.
     full_rate_rows: int
@@ -61,6 +63,13 @@ DEFAULT_MODEL = ModelParams(
     # (bench/model_regret.py), the term took the model's pick from 1.031 to 1.021 of the fastest
     # (geomean; worst 1.19 to 1.08) in bf16 and from 1.044 to 1.022 (worst 1.20 to 1.12) in fp8.
     macs_per_element=150.0,
+    # The H200's (HBM3e, 4.8 TB/s), whose tuning measurements fitted macs_per_element. Moved to
+    # the H100's 3352 GB/s (on_device: 215 per element), the estimates of the H100 sweep's shapes
+    # follow the measured times more closely and each kind of tile alike: held-out half, sd(log
+    # measured/estimated) 0.211 -> 0.177, medians per kind 0.92-1.55 -> 0.84-1.19 (swapped-tile
+    # decode shapes, priced by the weight they stream, 1.55 -> 1.19; split-K 1.16 -> 1.01); tuning
+    # half 0.214 -> 0.186 (bench/model_calibration.py --dram-gbps 3352, h100-2026-12-07-sweep-bf16-*).
+    dram_gbps=4800.0,
     full_rate_rows=128,
     lone_warpgroup=0.7,
     # H100 and H200 SXM: 989 dense bf16 TFLOP/s over 132 SMs.
@@ -72,6 +81,17 @@ DEFAULT_MODEL = ModelParams(
 
 
 PARAMETERS = tuple(f.name for f in dataclasses.fields(ModelParams))
+
+
+def on_device(model: ModelParams, dram_gbps: float | None) -> ModelParams:
+    """``model`` on a device of ``dram_gbps`` peak DRAM bandwidth: an element streamed from DRAM
+    costs as much more MMA time as the bandwidth is lower than the one ``macs_per_element`` was
+    fitted at (the MMA rate of the Hopper SKUs is the same: 989 dense bf16 TFLOP/s). Unchanged
+    where the device's bandwidth is unknown (None)."""
+    if not dram_gbps or dram_gbps == model.dram_gbps:
+        return model
+    return replace(model, macs_per_element=model.macs_per_element * model.dram_gbps / dram_gbps,
+                   dram_gbps=float(dram_gbps))
 
 
 def model_of(named: tuple[tuple[str, float], ...]) -> ModelParams:

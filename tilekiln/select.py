@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from tilekiln.model import DEFAULT_MODEL, ModelParams, model_of
+from tilekiln.model import DEFAULT_MODEL, ModelParams, model_of, on_device
 from tilekiln.problem import GemmProblem, gated, ungated
 from tilekiln.spec import DTYPES, FAMILIES, GLU_BLOCK, KernelRecord, Schedule, Scheduler, requested_fields
 from tilekiln.splitk import PARTIAL_DTYPE, label, sliced
@@ -237,9 +237,9 @@ def choose(kernels: tuple[KernelRecord, ...], problem: GemmProblem, sm_count: in
     (``tuning``: tilekiln/tuning/sku.py) names an accepted candidate for its bucket, else the
     model's best. ``resident``: how many clusters of a kernel the device holds at once (default
     :func:`nominal_clusters`); ``model``: the model's constants (default: the table's fitted ones
-    over :data:`tilekiln.model.DEFAULT_MODEL`)."""
+    over :data:`tilekiln.model.DEFAULT_MODEL`, moved to the device's DRAM bandwidth)."""
     if model is None:
-        model = model_of(tuning.model)
+        model = on_device(model_of(tuning.model), tuning.device.dram_gbps)
     if resident is None:
         def resident(k: KernelRecord) -> int:
             return nominal_clusters(k, sm_count)

@@ -155,7 +155,7 @@ def _write(args, bundle, earlier, entries: dict[str, dict], device: Sku, fit_mod
     if fit_model:
         whole = overlay(table_of(bundle.manifest.tuning_tables, device.name), measured)
         kernels = {kernel.id: kernel for kernel in bundle.kernels}
-        fitted = fit(samples(whole.measurements, kernels), kernels, device.sm_count,
+        fitted = fit(samples(whole.measurements, kernels), kernels, device.sm_count, device.dram_gbps,
                      log=lambda line: print(line, file=sys.stderr))
         measured = dataclasses.replace(measured, model=fitted.fitted)
     write_tuning_file(bundle.directory, replace_table(earlier, measured), bundle.manifest.sha256)

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from tilekiln.manifest import TuningTable
-from tilekiln.model import DEFAULT_MODEL, model_of
+from tilekiln.model import DEFAULT_MODEL, model_of, on_device
 from tilekiln.select import choose
 from tilekiln.tuning.fit import MIN_SHAPES, fit, model_time, problem_of, regret, samples
 from tilekiln.tuning.sku import TablePick
@@ -75,6 +75,37 @@ def test_a_tables_fitted_constants_decide_the_models_pick():
     # On a card whose one warpgroup issues at the full rate, the 64-row tile's lesser padding wins.
     table = TuningTable(H200, (), (), (("lone_warpgroup", 1.0),))
     assert choose(kernels, problem, 132, TablePick(H200, table, True)).kernel.id == "k64x128"
+
+
+def test_a_card_of_less_dram_bandwidth_pays_more_mma_time_per_streamed_element():
+    h100 = on_device(DEFAULT_MODEL, 3352)
+    assert h100.macs_per_element == pytest.approx(DEFAULT_MODEL.macs_per_element * DEFAULT_MODEL.dram_gbps / 3352)
+    assert h100.dram_gbps == 3352 and on_device(h100, DEFAULT_MODEL.dram_gbps) == pytest.approx(DEFAULT_MODEL)
+    assert on_device(DEFAULT_MODEL, None) is DEFAULT_MODEL
+
+
+def test_the_devices_bandwidth_reaches_the_estimate_of_a_weight_streaming_shape():
+    decode = problem_of("bf16/bf16->bf16:tn:1x1x1:1", [2, 57344, 8192])
+    kernels = (KERNELS["k64x128"],)
+    fast, slow = (choose(kernels, decode, 132, TablePick(replace(H200, dram_gbps=gbps), None)) for gbps in (4800, 2400))
+    # Streaming the weight is most of a decode step (the rest is the padded tile's MMAs): half the
+    # bandwidth, well over 1.4 times the time.
+    assert 1.4 < slow.candidates[0].microseconds / fast.candidates[0].microseconds <= 2.0
+    assert choose(kernels, decode, 132, TablePick(H200, None)).candidates[0].microseconds == fast.candidates[0].microseconds
+
+
+def test_a_fit_on_a_card_starts_from_its_bandwidth_and_stores_the_bandwidth_a_fitted_price_holds_at():
+    on_h100 = on_device(DEFAULT_MODEL, 3352)
+    # The defaults moved to the card's bandwidth describe it: nothing to store.
+    assert fit(samples(measured(on_h100), KERNELS), KERNELS, 132, 3352).fitted == ()
+    truth = replace(on_h100, lone_warpgroup=1.0)
+    result = fit(samples(measured(truth), KERNELS), KERNELS, 132, 3352)
+    assert dict(result.fitted) == {"lone_warpgroup": pytest.approx(1.0, abs=0.1)}
+    assert result.base == on_h100
+    priced = replace(result, model=replace(result.model, macs_per_element=300.0))
+    assert dict(priced.fitted)["dram_gbps"] == 3352 and dict(priced.fitted)["macs_per_element"] == 300.0
+    # On a card of twice the bandwidth, that table's price halves.
+    assert on_device(model_of(priced.fitted), 6704).macs_per_element == pytest.approx(150.0)
 
 
 def test_a_parameter_the_model_does_not_have_is_refused_naming_it():

@@ -597,6 +597,29 @@ def test_a_verification_run_replaces_only_its_own_card_models_evidence():
     assert [(r["sku"], r["date"]) for r in last["records"]] == [("H100 80GB HBM3", "2026-12-07"), ("H200", "2026-12-02")]
 
 
+@pytest.mark.parametrize("clock_khz, bus_bits, status, gbps", [
+    (2619000, 5120, 0, 3352),  # an H100 SXM (HBM3)
+    (0, 5120, 0, None),  # a driver that reports no memory clock
+    (2619000, 5120, 1, None),  # an attribute the driver refuses
+])
+def test_the_dram_bandwidth_is_two_transfers_per_memory_clock_across_the_bus(monkeypatch, clock_khz, bus_bits,
+                                                                              status, gbps):
+    import types
+
+    from tilekiln import _driver
+
+    values = {_driver.CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: clock_khz,
+              _driver.CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: bus_bits}
+
+    def get_attribute(ref, attr, dev):
+        ref._obj.value = values[attr]
+        return status
+
+    fake = types.SimpleNamespace(cuDeviceGet=lambda ref, ordinal: 0, cuDeviceGetAttribute=get_attribute)
+    monkeypatch.setattr(_driver, "_lib", lambda: fake)
+    assert _driver.dram_gbps(0) == gbps
+
+
 def test_unverified_leaves_out_only_cubins_that_passed_on_the_same_card_model():
     from tilekiln.verify import verified_cubins
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from tilekiln._tensors import Operand
-from tilekiln.model import DEFAULT_MODEL, ModelParams
+from tilekiln.model import DEFAULT_MODEL, ModelParams, on_device
 from tilekiln.problem import GemmProblem, make_problem
 from tilekiln.select import estimate, nominal_clusters, split_cost
 from tilekiln.spec import KernelRecord
@@ -130,22 +130,29 @@ class Fit:
     shapes: int
     before: tuple[float, float]
     after: tuple[float, float]
+    base: ModelParams = DEFAULT_MODEL  # where the fit started: the defaults on the tuned card
 
     @property
     def fitted(self) -> tuple[tuple[str, float], ...]:
-        """The constants that differ from the defaults, as a table's ``model`` stores them."""
-        return tuple(sorted((name, float(getattr(self.model, name))) for name in GRID
-                            if getattr(self.model, name) != getattr(DEFAULT_MODEL, name)))
+        """The constants that differ from the fit's start, as a table's ``model`` stores them; with
+        a fitted ``macs_per_element``, the bandwidth it holds at (``dram_gbps``), so that a device
+        of another bandwidth moves it (tilekiln.model.on_device)."""
+        moved = [name for name in GRID if getattr(self.model, name) != getattr(self.base, name)]
+        if "macs_per_element" in moved:
+            moved.append("dram_gbps")
+        return tuple(sorted((name, float(getattr(self.model, name))) for name in moved))
 
 
-def fit(shapes: list[Sample], kernels: dict[str, KernelRecord], sm_count: int,
+def fit(shapes: list[Sample], kernels: dict[str, KernelRecord], sm_count: int, dram_gbps: float | None = None,
         log: Callable[[str], None] = lambda line: None) -> Fit:
-    """Coordinate descent over :data:`GRID` from the defaults, scored by :func:`regret`."""
-    before = regret(shapes, kernels, sm_count, DEFAULT_MODEL)
+    """Coordinate descent over :data:`GRID` from the defaults on a card of ``dram_gbps`` peak DRAM
+    bandwidth (None: as they stand), scored by :func:`regret`."""
+    base = on_device(DEFAULT_MODEL, dram_gbps)
+    before = regret(shapes, kernels, sm_count, base)
     if len(shapes) < MIN_SHAPES:
         log(f"model fit: {len(shapes)} measured shapes, fewer than {MIN_SHAPES}: the defaults stand")
-        return Fit(DEFAULT_MODEL, len(shapes), before, before)
-    model, score = DEFAULT_MODEL, before
+        return Fit(base, len(shapes), before, before, base)
+    model, score = base, before
     for _ in range(ROUNDS):
         moved = False
         for name, values in GRID.items():
@@ -159,8 +166,8 @@ def fit(shapes: list[Sample], kernels: dict[str, KernelRecord], sm_count: int,
     if before[0] / score[0] < 1 + MIN_GAIN:
         log(f"model fit: regret {before[0]:.4f} -> {score[0]:.4f} on {len(shapes)} shapes, under "
             f"{MIN_GAIN:.1%}: the defaults stand")
-        return Fit(DEFAULT_MODEL, len(shapes), before, before)
-    result = Fit(model, len(shapes), before, score)
+        return Fit(base, len(shapes), before, before, base)
+    result = Fit(model, len(shapes), before, score, base)
     log(f"model fit: regret {before[0]:.4f} (worst {before[1]:.3f}) -> {score[0]:.4f} (worst {score[1]:.3f}) "
         f"on {len(shapes)} shapes: {', '.join(f'{n}={v:g}' for n, v in result.fitted)}")
     return result

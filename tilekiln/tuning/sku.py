@@ -24,9 +24,11 @@ def sku_distance(table: Sku, device: Sku) -> tuple:
        kernels for another machine, whatever its size;
     2. the SM count's difference: it decides wave quantisation, which tile wins a shape at all
        (the model's ``waves``; an H100 PCIe's 114 SMs split a grid unlike an SXM's 132);
-    3. the memory size's difference: no driver attribute gives the bandwidth, and within one
+    3. the memory size's difference: tables do not state their card's bandwidth, and within one
        compute capability the memory size tells the HBM generation apart (80 GB HBM3 at 3.35 TB/s
-       against 141 GB HBM3e at 4.8 TB/s on Hopper), which ranks the memory-bound shapes;
+       against 141 GB HBM3e at 4.8 TB/s on Hopper), which ranks the memory-bound shapes (the
+       device's own bandwidth, from the driver, prices them in the model: tilekiln/model.py,
+       on_device);
     4. the table's device name, so that equal distances pick the same table in every process.
 
     A device the driver cannot name (Bundle._query_device) never matches a table exactly.
