@@ -189,20 +189,33 @@ def _allocate(shape: tuple[int, ...], k: int, dtype: torch.dtype, device) -> tor
     return torch.empty_strided(shape, result_strides(shape, k, dtype.itemsize), dtype=dtype, device=device)
 
 
-def _stage_for(out: Tensor, k: int, stream, keep: bool = False) -> Tensor | None:
-    """A buffer for the kernel to write in place of ``out`` (a copy of it where ``keep``: a grouped
-    call leaves rows no group owns as they were), or None where ``out`` can take the kernel's stores.
+def _stage_for(out: Tensor, stream, keep: bool = False) -> Tensor:
+    """What the kernel writes in place of ``out``: ``out`` itself, or a buffer of tilekiln's at
+    ``out``'s strides (a copy of it where ``keep``: a grouped call leaves rows no group owns as they
+    were), which torch then copies into ``out`` (:func:`_finish`).
 
     TMA stores write a row in whole 16-byte chunks (a hardware limit: measured on the H100, an out of
     N = 100 bf16 columns in rows of 104 had columns 100 to 103 zeroed by every sm90 kernel), so where
     N * itemsize is no multiple of 16 the chunk that holds a row's last column also covers columns
-    that are the caller's. Such a call runs into tilekiln's own padded result, then torch copies it
-    into ``out``."""
-    if not out.numel() or out.shape[-1] * out.element_size() % 16 == 0:
-        return None
+    that are the caller's. The buffer has ``out``'s strides, so the plan made for ``out`` launches
+    into it unchanged (a fused residual is read at the same strides), and room for the last row's
+    chunk past its end."""
+    itemsize = out.element_size()
+    if not out.numel() or out.shape[-1] * itemsize % 16 == 0:
+        return out
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(out.shape, out.stride()))
     with _on_stream(stream, out.get_device()):
-        stage = _allocate(tuple(out.shape), k, out.dtype, out.device)
+        flat = torch.empty(extent + (-out.shape[-1] * itemsize) % 16 // itemsize, dtype=out.dtype, device=out.device)
+        stage = flat.as_strided(tuple(out.shape), out.stride())
         return stage.copy_(out) if keep else stage
+
+
+def _finish(target: Tensor, out: Tensor, stream) -> Tensor:
+    """``out``, with what the kernel wrote into ``target`` (:func:`_stage_for`) copied in if that was a stage."""
+    if target is not out:
+        with _on_stream(stream, out.get_device()):
+            out.copy_(target)
+    return out
 
 
 # torch's definition of each Activation (tilekiln/spec.py): the fallback where no kernel fuses it,
@@ -804,16 +817,9 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
             out = _allocate(plan.problem.out_shape, plan.problem.k, a.dtype, a.device)
         return _apply_unfused(plan, run_gemm(bundle, a, b, None, stream, kernel, fused, bias, residual, values), out,
                               stream, bias, residual, values)
+    given = out is not None  # only a caller's out can have row padding that is not tilekiln's
     if out is None:
         out = _allocate(plan.problem.out_shape, plan.problem.k, a.dtype, a.device)
-    elif plan.block is not None and plan.split == 1 and (stage := _stage_for(out, plan.problem.k, stream)) is not None:
-        if residual is not None and residual.stride() != stage.stride():
-            # A fused residual is read at the result's strides, now the stage's.
-            with _on_stream(stream, plan.problem.device):
-                residual = torch.empty_like(stage).copy_(residual)
-        run_gemm(bundle, a, b, stage, stream, kernel, requested, bias, residual, values)
-        with _on_stream(stream, plan.problem.device):
-            return out.copy_(stage)
     block = plan.block
     if block is None:
         if plan.problem.k == 0:
@@ -821,7 +827,8 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
         return out
     if plan.split > 1:
         return _split_k(bundle, plan, a, b, out, stream)
-    pa, pb, pc = a.data_ptr(), b.data_ptr(), out.data_ptr()
+    target = _stage_for(out, stream) if given else out
+    pa, pb, pc = a.data_ptr(), b.data_ptr(), target.data_ptr()
     if (pa | pb | pc) & plan.align_mask:
         raise_misaligned(pa, pb, pc, plan.align_mask + 1)
     if stream is None and _raw_stream is not None:
@@ -835,7 +842,7 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
     status = lib.run["gemm"](block, buf)
     if status:
         raise LaunchError(plan.kernel_id, lib.error_name(status), lib.error_string(status))
-    return out
+    return _finish(target, out, stream)
 
 
 def _apply_unfused(plan, result: Tensor, out: Tensor | None, stream, bias: Tensor | None = None,
@@ -901,13 +908,9 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
             out = _allocate(plan.problem.out_shape, plan.problem.k, out_dtype, a.device)
         return _apply_unfused(plan, run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, None, stream, kernel,
                                                     fused, bias), out, stream, bias)
+    given = out is not None  # only a caller's out can have row padding that is not tilekiln's
     if out is None:
         out = _allocate(plan.problem.out_shape, plan.problem.k, out_dtype, a.device)
-    elif plan.block is not None and plan.split == 1 and (stage := _stage_for(out, plan.problem.k, stream)) is not None:
-        run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, stage, stream, kernel, requested, bias,
-                        scale_result)
-        with _on_stream(stream, plan.problem.device):
-            return out.copy_(stage)
     if plan.block is None:
         if plan.problem.k == 0:
             out.zero_()
@@ -921,10 +924,11 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
         _check_float_pointers(scale_a=scale_a, scale_b=scale_b)
     if fp8_result:
         _check_float_pointers(scale_result=scale_result)
-    bundle.launch(plan, a.data_ptr(), b.data_ptr(), out.data_ptr(), _stream_handle(stream, plan.problem.device),
+    target = _stage_for(out, stream) if given else out
+    bundle.launch(plan, a.data_ptr(), b.data_ptr(), target.data_ptr(), _stream_handle(stream, plan.problem.device),
                   pa, pb, 0 if bias is None else bias.data_ptr(), 0,
                   scale_result.data_ptr() if fp8_result else 0)
-    return out
+    return _finish(target, out, stream)
 
 
 def _check_float_pointers(**scales: Tensor) -> None:
@@ -1309,8 +1313,7 @@ def run_grouped_gemm(bundle: Bundle, a: Tensor, b: Tensor, rows, scale_a, scale_
         with _on_stream(stream, problem.device):
             target = _allocate(plan.run.out_shape, problem.k, dtype, a.device).zero_()
     elif given:
-        stage = _stage_for(out, problem.k, stream, keep=True)
-        target = out if stage is None else stage
+        target = _stage_for(out, stream, keep=True)
     if scale_format == "blockwise":
         _check_float_pointers(scale_a=scale_a, scale_b=scale_b)
     elif scale_format is not None:
@@ -1320,10 +1323,7 @@ def run_grouped_gemm(bundle: Bundle, a: Tensor, b: Tensor, rows, scale_a, scale_
                    0 if scale_b is None else scale_b.data_ptr())
     if plan.unfused:
         return _apply_unfused(plan, target, out, stream)
-    if target is not out:
-        with _on_stream(stream, problem.device):
-            out.copy_(target)
-    return out
+    return _finish(target, out, stream)
 
 
 @torch.library.custom_op("tilekiln::grouped_gemm", mutates_args=())

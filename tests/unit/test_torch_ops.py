@@ -355,3 +355,30 @@ def test_swiglu_names_its_bad_arguments(fake, bundle):
             tilekiln.swiglu(x, w, bundle=bundle, **kwargs)
     with pytest.raises(ValueError, match=r"activation: 'swiglu' pairs gate and up columns.*tilekiln.swiglu"):
         tilekiln.linear(x, cuda(200, 32), activation="swiglu", bundle=bundle)
+
+
+def test_an_out_whose_rows_end_short_of_16_bytes_is_written_through_a_buffer_at_its_strides():
+    """The stage a kernel writes in place of such an ``out`` (tilekiln/_torch.py, _stage_for): the
+    plan made for ``out`` must fit it, so it has ``out``'s strides, with room for the chunk of the
+    last row that a TMA store writes past N; only N columns reach ``out`` (_finish)."""
+    from tilekiln._torch import _finish, _stage_for
+
+    buffer = torch.full((3, 136), 7.0, dtype=BF16)
+    out = buffer[:, :100]  # 200-byte rows: the 16-byte chunk of column 99 covers columns 96-103
+    stage = _stage_for(out, None)
+    assert stage is not out and stage.stride() == out.stride() and stage.shape == out.shape
+    assert stage.untyped_storage().nbytes() >= 2 * (2 * 136 + 104)  # the last row's chunk fits
+    whole = stage.as_strided((3, 104), out.stride())  # what the TMA stores write: whole chunks
+    whole.copy_(torch.arange(3 * 104, dtype=torch.float32).reshape(3, 104))
+    assert _finish(stage, out, None) is out
+    assert torch.equal(out, whole[:, :100]) and bool((buffer[:, 100:] == 7.0).all())
+    # A grouped call keeps the rows no group owns: its stage starts as out's copy.
+    assert torch.equal(_stage_for(out, None, keep=True), out)
+
+
+@pytest.mark.parametrize("shape, dtype", [((3, 104), BF16), ((2, 4, 64), E4M3), ((0, 100), BF16)])
+def test_an_out_that_takes_the_stores_as_they_are_is_written_directly(shape, dtype):
+    from tilekiln._torch import _finish, _stage_for
+
+    out = torch.zeros(shape, dtype=torch.float32).to(dtype)
+    assert _stage_for(out, None) is out and _finish(out, out, None) is out
