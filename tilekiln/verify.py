@@ -498,8 +498,9 @@ def main(argv: list[str] | None = None) -> None:
     import tilekiln
 
     bundle = tilekiln.load(args.bundle)
-    done = (verified_cubins(_read_existing(args.out, bundle.name), sku(torch.cuda.get_device_name()))
-            if args.unverified else frozenset())
+    # Read (and checked) before the kernels run, so an --out of another bundle fails at once.
+    existing = _read_existing(args.out, bundle.name) if args.out is not None else None
+    done = verified_cubins(existing, sku(torch.cuda.get_device_name())) if args.unverified else frozenset()
     record, results = verify(bundle, torch, args.seed, args.only, done)
     for r in results:
         status = "ok  " if r.passed else "FAIL"
@@ -510,8 +511,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{len(results) - len(failed)} of {len(results)} kernels verified on {record['sku']} "
           f"(driver {record['driver']}, seed {record['seed']})", file=sys.stderr)
     if args.out is not None and results:
-        write_atomic(args.out, json.dumps(merge_record(_read_existing(args.out, bundle.name), bundle.name, record),
-                                          indent=2, sort_keys=True) + "\n")
+        write_atomic(args.out, json.dumps(merge_record(existing, bundle.name, record), indent=2, sort_keys=True) + "\n")
         print(f"wrote {args.out}", file=sys.stderr)
     if failed:
         raise SystemExit(1)
