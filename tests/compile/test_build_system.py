@@ -531,6 +531,14 @@ def _live_group(pgid: int) -> list[str]:
     return found
 
 
+def _listing(directory: Path) -> list[Path]:
+    """The entries of ``directory``; none while it does not exist yet."""
+    try:
+        return list(directory.iterdir())
+    except FileNotFoundError:
+        return []
+
+
 def test_workers_of_a_build_killed_with_sigkill_exit_and_its_temporary_files_are_swept(small, tmp_path):
     """SIGKILL to the build process alone (not its group): its compile workers exit at once, and
     everything it had in flight lies under the cache's tmp/, which the next build empties."""
@@ -538,11 +546,13 @@ def test_workers_of_a_build_killed_with_sigkill_exit_and_its_temporary_files_are
     temp.mkdir()
     proc = cli_process(small.project, out, cache, "-j", "2", "--progress", "plain", env={"TMPDIR": str(temp)})
     try:
+        # Waits on what the build has done, not on the clock: on a loaded 2-core machine planning can
+        # outlast any fixed sleep, and a kill before the compile scratch exists tests nothing.
         deadline = time.monotonic() + 120
-        while sum("spawn_main" in c for c in _live_group(proc.pid)) < 2:
-            assert proc.poll() is None and time.monotonic() < deadline, "the build never started its workers"
+        while sum("spawn_main" in c for c in _live_group(proc.pid)) < 2 or not _listing(cache / "tmp"):
+            assert proc.poll() is None and time.monotonic() < deadline, "the build never started its compiles"
             time.sleep(0.05)
-        time.sleep(1.5)  # into the DSL import or the compiles
+        time.sleep(0.5)  # into the DSL import or the compiles
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
