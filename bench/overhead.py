@@ -57,7 +57,7 @@ def breakdown(bundle, a, w, c, blocks: int) -> dict[str, float]:
     pack(buf, 0, a.data_ptr(), w.data_ptr(), c.data_ptr(), 0, 0, 0, stream)
     plans = bundle._plans
 
-    def make_key():  # as tilekiln._torch.run_gemm builds it for a call with out
+    def make_key():  # as tilekiln._torch.run.run_gemm builds it for a call with out
         return (a.shape, a.stride(), a.dtype, a.get_device(), w.shape, w.stride(), w.dtype, w.get_device(), None, (),
                 c.shape, c.stride(), c.dtype, c.get_device())
     if make_key() != key:

@@ -390,11 +390,11 @@ def _explain_addmm(bundle, a, b, out, residual, backward, beta: float, alpha: fl
 
     fused = residual is True
     if is_torch_tensor(residual) and is_torch_tensor(a) and is_torch_tensor(b):
-        from tilekiln.bundle import torch_path
+        from tilekiln._torch.results import allocate
+        from tilekiln._torch.run import addmm_plan
 
-        fast = torch_path()
-        target = out if out is not None else fast._allocate((a.shape[0], b.shape[1]), a.shape[1], a.dtype, a.device)
-        fused = fast.addmm_plan(residual, a, b, beta, alpha, target)[1] is not None
+        target = out if out is not None else allocate((a.shape[0], b.shape[1]), a.shape[1], a.dtype, a.device)
+        fused = addmm_plan(residual, a, b, beta, alpha, target)[1] is not None
     requested = addmm_request(beta, alpha, fused)
     choice = bundle.explain(a, b, out, backward=backward, requested=requested)
     if choice.kernel is not None or ("scalars", "alphabeta") not in requested:

@@ -134,7 +134,7 @@ class Bundle:
         # What tilekiln.load compares and checks on a later call (tilekiln/discovery.py).
         self.identity = verified.identity if verified is not None else None
         self.signature = verified.signature if verified is not None else None
-        self.ref = str(directory)  # how the torch operators name this bundle (tilekiln/_torch.py)
+        self.ref = str(directory)  # how the torch operators name this bundle (tilekiln/_torch/streams.py)
         self._device_query = device_query or self._query_device
         if cluster_query is None:
             cluster_query = self._query_clusters if device_query is None else self._nominal_clusters

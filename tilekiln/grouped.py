@@ -32,7 +32,7 @@ tilekiln/blockscaled.py.
 What is checked on every call, before any launch (a violation raises ``TypeError`` or
 ``ValueError`` naming the argument): every tensor's shape, dtype, device and strides; ``offs``
 or ``masked_m`` int32, 1-D, G entries, contiguous, on the inputs' device, with 1 <= G <=
-MAX_GROUPS (tilekiln/spec.py); the scales (tilekiln/_torch.py, check_grouped_scales; blockwise ones
+MAX_GROUPS (tilekiln/spec.py); the scales (tilekiln/_torch/scales.py, check_grouped_scales; blockwise ones
 tilekiln/blockwise.py, check_grouped_scales). Their values live in device memory and are not checked:
 the kernels clamp each end into [previous end, total_M] and each count into [0, M_max], so values
 that break the contract shorten or empty groups instead of reading or writing out of bounds.

@@ -145,7 +145,8 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
     requested epilogue (a bias, an activation, a residual) is called asking for it, with a fresh
     random bias and residual per shape, and its reference applies it. Such a kernel with an fp32
     result writes it directly: an epilogue never runs on split-K partials."""
-    from tilekiln import _torch
+    from tilekiln._torch.epilogue import UNFUSED, VALUE_INDEX, saturate_result
+    from tilekiln._torch.run import run_gemm, run_scaled_gemm
 
     cfg = kernel.config
     requested = tuple((f.name, spec.codec.request(getattr(cfg, f.name))) for f, spec in requested_fields()
@@ -153,23 +154,23 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
     bias_dtype = None if cfg.bias.dtype is None else getattr(torch, HALF.get(cfg.bias.value, "float32"))
     bias = residual = None
     values = ALPHA_BETA if cfg.scalars is Scalars.ALPHA_BETA else NEUTRAL_VALUES
-    alpha = values[_torch.VALUE_INDEX["alpha"]]
+    alpha = values[VALUE_INDEX["alpha"]]
 
     def epilogue(ref):
         ref = ref * alpha  # alpha scales the product, before the bias and the activation
         for name, value in requested:
-            if name in _torch.UNFUSED:  # a bias, an activation, a residual; scaling is in the reference's inputs
-                ref = _torch.UNFUSED[name](value, ref, None if bias is None else bias.double(),
-                                           None if residual is None else residual.double(), values)
+            if name in UNFUSED:  # a bias, an activation, a residual; scaling is in the reference's inputs
+                ref = UNFUSED[name](value, ref, None if bias is None else bias.double(),
+                                    None if residual is None else residual.double(), values)
         return ref
 
     def gemm(a, b, out=None, pin=kernel.id):
-        return _torch.run_gemm(bundle, a, b, out, None, pin, requested, bias, residual, values)
+        return run_gemm(bundle, a, b, out, None, pin, requested, bias, residual, values)
 
     def scaled(a, b, out=None, pin=kernel.id, out_dtype=None, scales=None, scale_result=None):
         sa, sb = scales or (scale_a, scale_b)
-        return _torch.run_scaled_gemm(bundle, a, b, sa, sb, out_dtype, out, None, pin, requested, bias,
-                                      scale_result)
+        return run_scaled_gemm(bundle, a, b, sa, sb, out_dtype, out, None, pin, requested, bias,
+                               scale_result)
 
     a_dtype = cfg.dtypes.a.value
     fp8 = a_dtype in FP8
@@ -246,7 +247,7 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
 
         def finish(ref):
             ref = epilogue(ref)
-            return ref if result is None else _torch.saturate_result(ref, factor, out_dtype).double()
+            return ref if result is None else saturate_result(ref, factor, out_dtype).double()
 
         if fp8 and rowwise:
             sa = torch.rand(m, 1, device="cuda", generator=gen) + 0.5
@@ -283,7 +284,7 @@ def _block_scaled_grouped_runs(torch, bundle, kernel: KernelRecord, gen, name: s
     scale-factor atoms), its operands quantized by ``quantize_operand`` and its scales blocked per
     group (``to_blocked_grouped``, or ``to_blocked`` of each batch entry when masked), each against
     ``reference_grouped_mm``; a masked call's rows past each count must keep their NaN."""
-    from tilekiln import _torch
+    from tilekiln._torch.run_grouped import run_grouped_gemm
     from tilekiln import blockscaled as bs
 
     cfg = kernel.config
@@ -297,17 +298,17 @@ def _block_scaled_grouped_runs(torch, bundle, kernel: KernelRecord, gen, name: s
         if masked:
             a, sa = bs.quantize_operand(torch.randn(groups, max(rows), k, device="cuda", generator=gen), name)
             out = _poisoned(torch, (groups, max(rows), n), torch.bfloat16)
-            _torch.run_grouped_gemm(bundle, a, w.transpose(1, 2), torch.tensor(rows, dtype=torch.int32, device="cuda"),
-                                    bs.to_blocked(sa), bs.to_blocked(sw), out, None, kernel.id, masked=True,
-                                    scale_format=name)
+            run_grouped_gemm(bundle, a, w.transpose(1, 2), torch.tensor(rows, dtype=torch.int32, device="cuda"),
+                             bs.to_blocked(sa), bs.to_blocked(sw), out, None, kernel.id, masked=True,
+                             scale_format=name)
             ref = bs.reference_grouped_mm(a, sa, w, sw, rows, name, masked=True)
             yield what, _masked_rows(torch, out, rows), torch.cat([ref[g, :r] for g, r in enumerate(rows)])
         else:
             a, sa = bs.quantize_operand(torch.randn(sum(rows), k, device="cuda", generator=gen), name)
             ends = torch.tensor(rows, device="cuda").cumsum(0).to(torch.int32)
             out = _poisoned(torch, (sum(rows), n), torch.bfloat16)
-            _torch.run_grouped_gemm(bundle, a, w.transpose(1, 2), ends, bs.to_blocked_grouped(sa, ends),
-                                    bs.to_blocked(sw), out, None, kernel.id, scale_format=name)
+            run_grouped_gemm(bundle, a, w.transpose(1, 2), ends, bs.to_blocked_grouped(sa, ends),
+                             bs.to_blocked(sw), out, None, kernel.id, scale_format=name)
             yield what, out, bs.reference_grouped_mm(a, sa, w, sw, ends, name)
 
 
@@ -317,7 +318,8 @@ def _grouped_runs(torch, bundle, kernel: KernelRecord, gen, dtype, out_dtype, sc
     checked to hold the NaN they were poisoned with. A row-wise kernel runs on fresh scales, per row of
     a and per group and column of b; a swiglu kernel with N rounded up to whole gate/up block pairs,
     against the scaled float64 product paired by torch."""
-    from tilekiln import _torch
+    from tilekiln._torch.epilogue import EPILOGUE_ACTIVATIONS
+    from tilekiln._torch.run_grouped import run_grouped_gemm
 
     cfg = kernel.config
     masked = cfg.family == "grouped_masked"
@@ -345,22 +347,22 @@ def _grouped_runs(torch, bundle, kernel: KernelRecord, gen, dtype, out_dtype, sc
             col_scales = [sb[g].double() for g in range(groups)]
 
         def product(g, x):
-            return _torch.EPILOGUE_ACTIVATIONS[activation](x.double() @ w[g].double().t() * row_scales[g]
+            return EPILOGUE_ACTIVATIONS[activation](x.double() @ w[g].double().t() * row_scales[g]
                                                            * col_scales[g])
 
         if masked:
             a = torch.randn(groups, slots, k, device="cuda", generator=gen).to(dtype)
             counts = torch.tensor(rows, dtype=torch.int32, device="cuda")
             out = _poisoned(torch, (groups, slots, out_n), out_dtype)
-            _torch.run_grouped_gemm(bundle, a, w.transpose(1, 2), counts, sa, sb, out, None, kernel.id, masked=True,
-                                    activation=activation)
+            run_grouped_gemm(bundle, a, w.transpose(1, 2), counts, sa, sb, out, None, kernel.id, masked=True,
+                             activation=activation)
             yield what, _masked_rows(torch, out, rows), torch.cat([product(g, a[g, :r]) for g, r in enumerate(rows)])
         else:
             a = torch.randn(sum(rows), k, device="cuda", generator=gen).to(dtype)
             ends = torch.tensor(rows, device="cuda").cumsum(0).to(torch.int32)
             out = _poisoned(torch, (sum(rows), out_n), out_dtype)
-            _torch.run_grouped_gemm(bundle, a, w.transpose(1, 2), ends, sa, sb, out, None, kernel.id,
-                                    activation=activation)
+            run_grouped_gemm(bundle, a, w.transpose(1, 2), ends, sa, sb, out, None, kernel.id,
+                             activation=activation)
             starts = [0, *ends.tolist()[:-1]]
             yield what, out, torch.cat([product(g, a[s:s + r]) for g, (s, r) in enumerate(zip(starts, rows))])
 
@@ -370,7 +372,7 @@ def _grouped_blockwise_runs(torch, bundle, kernel: KernelRecord, gen):
     the scale block: a's rows and each group's weight quantized by quantize_fp8_blockwise, against the
     per-group float64 product of the dequantized inputs; rows a masked call must not write are
     checked to hold the NaN they were poisoned with."""
-    from tilekiln import _torch
+    from tilekiln._torch.run_grouped import run_grouped_gemm
     from tilekiln.blockwise import dequantize, quantize_fp8_blockwise
 
     masked = kernel.config.family == "grouped_masked"
@@ -392,14 +394,14 @@ def _grouped_blockwise_runs(torch, bundle, kernel: KernelRecord, gen):
             sa = sa.view(groups, slots, k // BLOCKWISE_BLOCK)
             counts = torch.tensor(rows, dtype=torch.int32, device="cuda")
             out = _poisoned(torch, (groups, slots, n), torch.bfloat16)
-            _torch.run_grouped_gemm(bundle, a8, w8.transpose(1, 2), counts, sa, sb, out, None, kernel.id,
-                                    masked=True, scale_format="blockwise")
+            run_grouped_gemm(bundle, a8, w8.transpose(1, 2), counts, sa, sb, out, None, kernel.id,
+                             masked=True, scale_format="blockwise")
             yield what, _masked_rows(torch, out, rows), torch.cat([a64[g, :r] @ w64[g].t() for g, r in enumerate(rows)])
         else:
             ends = torch.tensor(rows, device="cuda").cumsum(0).to(torch.int32)
             out = _poisoned(torch, (sum(rows), n), torch.bfloat16)
-            _torch.run_grouped_gemm(bundle, a8, w8.transpose(1, 2), ends, sa, sb, out, None, kernel.id,
-                                    scale_format="blockwise")
+            run_grouped_gemm(bundle, a8, w8.transpose(1, 2), ends, sa, sb, out, None, kernel.id,
+                             scale_format="blockwise")
             starts = [0, *ends.tolist()[:-1]]
             yield what, out, torch.cat([a64[s:s + r] @ w64[g].t() for g, (s, r) in enumerate(zip(starts, rows))])
 

@@ -50,7 +50,7 @@ def alpha_beta_kernels(bundle):
 def test_every_alpha_beta_kernel_matches_float64(bundle, torch):
     """Each alphabeta kernel, pinned, writes every element of a NaN-poisoned output with
     alpha * (a @ w^T) (+ beta * residual, in place too) for every (alpha, beta)."""
-    from tilekiln import _torch
+    from tilekiln._torch.run import run_gemm
 
     gen = torch.Generator(device="cuda").manual_seed(31)
     for kernel in alpha_beta_kernels(bundle):
@@ -64,7 +64,7 @@ def test_every_alpha_beta_kernel_matches_float64(bundle, torch):
                 if residual_kernel:
                     residual = poisoned(torch, m, n)
                     residual.copy_(torch.randn(m, n, device="cuda", generator=gen))
-                _torch.run_gemm(bundle, a, w.t(), out, None, kernel.id, requested, None, residual, (alpha, beta))
+                run_gemm(bundle, a, w.t(), out, None, kernel.id, requested, None, residual, (alpha, beta))
                 ref = reference(torch, residual, a, w.t(), beta if residual_kernel else 0.0, alpha)
                 assert not torch.isnan(out).any(), (kernel.id, m, n, alpha, beta)
                 if alpha == 0 and not residual_kernel:
@@ -73,15 +73,15 @@ def test_every_alpha_beta_kernel_matches_float64(bundle, torch):
                 assert rel_err(out, ref) < TOLERANCE, (kernel.id, m, k, n, alpha, beta, rel_err(out, ref))
                 if residual_kernel:
                     # In place: each element is read before the store that writes it.
-                    _torch.run_gemm(bundle, a, w.t(), residual, None, kernel.id, requested, None, residual,
-                                    (alpha, beta))
+                    run_gemm(bundle, a, w.t(), residual, None, kernel.id, requested, None, residual,
+                             (alpha, beta))
                     assert rel_err(residual, ref) < TOLERANCE, (kernel.id, "in place", m, n, alpha, beta)
 
 
 def test_a_kernel_without_the_field_ignores_the_values(bundle, torch):
     """Values in the call block reach only kernels that use them: a plain residual kernel pinned with
     alpha and beta far from 1 still computes a @ w^T + residual."""
-    from tilekiln import _torch
+    from tilekiln._torch.run import run_gemm
 
     kernel = next(k for k in bundle.kernels if k.config.residual.value == "add" and k.config.scalars.value == "none"
                   and k.config.bias.value == "none")
@@ -89,7 +89,7 @@ def test_a_kernel_without_the_field_ignores_the_values(bundle, torch):
     a, w = operands(torch, gen, 300, 512, 1000)
     residual = torch.randn(300, 1000, device="cuda", generator=gen).to(torch.bfloat16)
     out = poisoned(torch, 300, 1000)
-    _torch.run_gemm(bundle, a, w.t(), out, None, kernel.id, (("residual", "add"),), None, residual, (-7.0, 5.0))
+    run_gemm(bundle, a, w.t(), out, None, kernel.id, (("residual", "add"),), None, residual, (-7.0, 5.0))
     assert rel_err(out, reference(torch, residual, a, w.t(), 1.0, 1.0)) < TOLERANCE
 
 
@@ -246,11 +246,12 @@ def test_gradients_are_torch_addmms(bundle, torch, shape):
 
 
 def test_the_operator_passes_torch_library_opcheck(bundle, torch, opcheck):
-    from tilekiln import _torch
+    from tilekiln._torch.ops import addmm_op
+    from tilekiln._torch.streams import bundle_ref
 
     gen = torch.Generator(device="cuda").manual_seed(39)
     a, w = operands(torch, gen, 37, 768, 1000)
     c = torch.randn(37, 1000, device="cuda", generator=gen).to(torch.bfloat16)
-    ref = _torch.bundle_ref(bundle)
+    ref = bundle_ref(bundle)
     for args in ((c, a, w.t(), 0.5, 2.0, ref), (c[0], a, w.t(), -1.0, 0.25, ref), (c, a, w.t(), 0.0, 1.0, ref)):
-        opcheck(_torch.addmm_op, args)
+        opcheck(addmm_op, args)

@@ -44,7 +44,7 @@ def scale_result_for(torch, k):
 
 def check(torch, out, exact, scale_result, what, failures):
     """``out`` against ``exact`` (the float64 value before the output scale)."""
-    from tilekiln._torch import saturate_result
+    from tilekiln._torch.epilogue import saturate_result
 
     got = out.double()
     ref = saturate_result(exact, scale_result.item(), torch.float8_e4m3fn).double()
@@ -65,7 +65,7 @@ def fp8_result_kernels(bundle):
 
 
 def test_every_e4m3_result_kernel_matches_the_saturated_float64_reference(bundle, torch):
-    from tilekiln import _torch
+    from tilekiln._torch.run import run_scaled_gemm
 
     gen = torch.Generator(device="cuda").manual_seed(43)
     failures, saturated = [], 0
@@ -76,8 +76,8 @@ def test_every_e4m3_result_kernel_matches_the_saturated_float64_reference(bundle
             a, w, sa, sb = operands(torch, gen, m, k, n, rowwise)
             scale_result = scale_result_for(torch, k)
             out = poisoned(torch, m, n)
-            _torch.run_scaled_gemm(bundle, a, w.t(), sa, sb, torch.float8_e4m3fn, out, None, kernel.id, requested,
-                                   None, scale_result)
+            run_scaled_gemm(bundle, a, w.t(), sa, sb, torch.float8_e4m3fn, out, None, kernel.id, requested,
+                            None, scale_result)
             exact = (a.double() @ w.double().t()) * sa.double() * sb.double()
             saturated += check(torch, out, exact, scale_result, f"{kernel.id} {m}x{k}x{n}", failures)
     assert not failures, failures
@@ -86,7 +86,7 @@ def test_every_e4m3_result_kernel_matches_the_saturated_float64_reference(bundle
 
 def test_scaled_gemm_selects_an_e4m3_kernel_and_agrees_with_torch_scaled_mm(bundle, torch):
     import tilekiln
-    from tilekiln._torch import saturate_result
+    from tilekiln._torch.epilogue import saturate_result
 
     gen = torch.Generator(device="cuda").manual_seed(44)
     for rowwise in (False, True):
@@ -148,17 +148,18 @@ def test_the_compiled_call_is_the_eager_one(bundle, torch):
 
 
 def test_operators_with_scale_result_pass_torch_library_opcheck(bundle, torch, opcheck):
-    from tilekiln import _torch
+    from tilekiln._torch.ops import scaled_gemm_op, scaled_gemm_out_op
+    from tilekiln._torch.streams import bundle_ref
 
     fp8 = torch.float8_e4m3fn
     a8 = torch.randn(64, 128, device="cuda").to(fp8)
     w8 = torch.randn(112, 128, device="cuda").to(fp8).t()
     s = torch.tensor([1.0], device="cuda")
     sr = torch.tensor([4.0], device="cuda")
-    ref = _torch.bundle_ref(bundle)
-    for op, args in ((_torch.scaled_gemm_op, (a8, w8, s, s, fp8, ref, "", "tensor", None, sr)),
-                     (_torch.scaled_gemm_out_op, (a8, w8, s, s, torch.empty(64, 112, device="cuda", dtype=fp8),
+    ref = bundle_ref(bundle)
+    for op, args in ((scaled_gemm_op, (a8, w8, s, s, fp8, ref, "", "tensor", None, sr)),
+                     (scaled_gemm_out_op, (a8, w8, s, s, torch.empty(64, 112, device="cuda", dtype=fp8),
                                                   ref, "", "tensor", None, sr)),
-                     (_torch.scaled_gemm_op, (a8, w8, torch.rand(64, 1, device="cuda"),
+                     (scaled_gemm_op, (a8, w8, torch.rand(64, 1, device="cuda"),
                                               torch.rand(1, 112, device="cuda"), fp8, ref, "", "rowwise", None, sr))):
         opcheck(op, args)

@@ -67,7 +67,7 @@ def scales(torch, gen, kernel, rows_shape, groups, n):
 def group_result(torch, x, w_g, g, rows, scale, gated):
     """One group's float64 result: x @ w_g.T times its scales (``rows``: the slice of scale_a of x's
     rows), paired by torch's SwiGLU where ``gated``."""
-    from tilekiln._torch import swiglu_unfused
+    from tilekiln._torch.epilogue import swiglu_unfused
 
     y = x.double() @ w_g.double().t()
     if "scale_b" in scale:
@@ -269,7 +269,8 @@ def test_masked_cuda_graph_replays_with_new_counts(bundle, torch):
 
 def test_torch_compile_and_opcheck(bundle, torch, opcheck):
     import tilekiln
-    from tilekiln._torch import bundle_ref, grouped_gemm_op
+    from tilekiln._torch.ops import grouped_gemm_op
+    from tilekiln._torch.streams import bundle_ref
 
     gen = torch.Generator(device="cuda").manual_seed(67)
     sizes = [10, 0, 300, 90]

@@ -55,7 +55,7 @@ def _poisoned(torch, m, n, dtype):
 def test_every_bias_kernel_matches_float64(bundle, torch):
     """Each kernel that adds a bias, pinned, writes every element of a NaN-poisoned output with
     act(x @ w^T + bias) on every shape."""
-    from tilekiln import _torch
+    from tilekiln._torch.run import run_gemm
 
     # bf16 operands with no other scaling (the rowwise fp8 bias kernels: tests/gpu/test_rowwise_residual.py).
     kernels = [k for k in bundle.kernels if k.config.family == "gemm" and k.config.bias.value != "none"
@@ -78,7 +78,7 @@ def test_every_bias_kernel_matches_float64(bundle, torch):
             out = _poisoned(torch, m, n, torch.bfloat16)
             # The residual is read at the result's strides, so it shares out's padded rows.
             r = _poisoned(torch, m, n, torch.bfloat16).normal_(generator=gen) if residual else None
-            _torch.run_gemm(bundle, x, w.t(), out, None, kernel.id, requested, b, r)
+            run_gemm(bundle, x, w.t(), out, None, kernel.id, requested, b, r)
             ref = reference(torch, cfg.activation.value)(x.double() @ w.double().t() + b.double())
             if residual:
                 ref = ref + r.double()

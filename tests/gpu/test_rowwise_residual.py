@@ -54,7 +54,7 @@ def requested_of(kernel):
 def test_every_rowwise_kernel_matches_float64(bundle, torch):
     """Each row-wise kernel, pinned, writes every element of a NaN-poisoned output with
     (a @ w^T) * scale_a[m] * scale_b[n] (+ bias) on every shape."""
-    from tilekiln import _torch
+    from tilekiln._torch.run import run_scaled_gemm
 
     # The e4m3-result ones: tests/gpu/test_fp8_output.py.
     kernels = [k for k in bundle.kernels if k.config.family == "gemm" and k.config.scaling.value == "rowwise"
@@ -68,8 +68,8 @@ def test_every_rowwise_kernel_matches_float64(bundle, torch):
             a, w, sa, sb = fp8_operands(torch, gen, m, k, n)
             bias = None if cfg.bias.value == "none" else torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16)
             out = poisoned(torch, m, n, torch.bfloat16)
-            _torch.run_scaled_gemm(bundle, a, w.t(), sa, sb, torch.bfloat16, out, None, kernel.id,
-                                   requested_of(kernel), bias)
+            run_scaled_gemm(bundle, a, w.t(), sa, sb, torch.bfloat16, out, None, kernel.id,
+                            requested_of(kernel), bias)
             ref = (a.double() @ w.double().t()) * sa.double() * sb.double()
             if bias is not None:
                 ref = ref + bias.double()
@@ -123,7 +123,7 @@ def test_bad_rowwise_scales_are_refused_naming_the_argument(bundle, torch):
 def test_every_residual_kernel_matches_float64_and_adds_in_place(bundle, torch):
     """Each residual kernel, pinned: act(x @ w^T + bias) + residual into a NaN-poisoned output, then
     with the output being the residual itself."""
-    from tilekiln import _torch
+    from tilekiln._torch.run import run_gemm
 
     kernels = [k for k in bundle.kernels if k.config.family == "gemm" and k.config.residual.value != "none"]
     assert kernels and any(k.config.swap_ab for k in kernels) and any(k.config.bias.value != "none" for k in kernels)
@@ -140,9 +140,9 @@ def test_every_residual_kernel_matches_float64_and_adds_in_place(bundle, torch):
             z = x.double() @ w.double().t() + (0 if bias is None else bias.double())
             ref = activation(torch, cfg.activation.value)(z) + residual.double()
             out = poisoned(torch, m, n, torch.bfloat16)
-            _torch.run_gemm(bundle, x, w.t(), out, None, kernel.id, requested_of(kernel), bias, residual)
+            run_gemm(bundle, x, w.t(), out, None, kernel.id, requested_of(kernel), bias, residual)
             err = rel_err(out, ref)
-            _torch.run_gemm(bundle, x, w.t(), residual, None, kernel.id, requested_of(kernel), bias, residual)
+            run_gemm(bundle, x, w.t(), residual, None, kernel.id, requested_of(kernel), bias, residual)
             in_place = rel_err(residual, ref)
             if not (err < 1e-2 and in_place < 1e-2):  # NaN fails too
                 failures.append(f"{kernel.id} {m}x{k}x{n}: error {err:.3g}, in place {in_place:.3g}")

@@ -40,7 +40,7 @@ def test_every_swiglu_kernel_matches_float64(bundle, torch):
     """Each swiglu kernel, pinned, writes every element of a NaN-poisoned (M, I) output with the
     float64 silu(gate) * up on every shape, fresh inputs per kernel and shape."""
     import tilekiln
-    from tilekiln import _torch
+    from tilekiln._torch.run import run_gemm
 
     kernels = [k for k in bundle.kernels if k.config.family == "gemm" and k.config.activation.value == "swiglu"]
     assert {(k.config.tile.m, k.config.tile.n) for k in kernels} >= {(128, 128), (128, 256)}
@@ -52,7 +52,7 @@ def test_every_swiglu_kernel_matches_float64(bundle, torch):
             w_gate, w_up = _weights(torch, gen, inter, k)
             w = tilekiln.swiglu_weight(w_gate, w_up)
             out = _poisoned(torch, m, inter, torch.bfloat16)
-            _torch.run_gemm(bundle, x, w.t(), out, None, kernel.id, (("activation", "swiglu"),))
+            run_gemm(bundle, x, w.t(), out, None, kernel.id, (("activation", "swiglu"),))
             err = rel_err(out, reference(torch, x, w_gate, w_up))
             if not err < 1e-2:  # NaN fails too
                 failures.append(f"{kernel.id} {m}x{k}x{inter}: error {err:.3g}")
@@ -103,7 +103,7 @@ def test_swiglu_gradients_match_float64(bundle, torch):
     g = torch.randn(4, 64, 384, device="cuda", dtype=torch.bfloat16, generator=gen)
     tilekiln.swiglu(x, w, bundle=bundle).backward(g)
     x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
-    from tilekiln._torch import swiglu_unfused
+    from tilekiln._torch.epilogue import swiglu_unfused
 
     swiglu_unfused(x64 @ w64.t()).backward(g.double())
     for got, ref in ((x.grad, x64.grad), (w.grad, w64.grad)):

@@ -115,7 +115,8 @@ def test_a_compiled_training_step_matches_eager_gradients(bundle, torch):
 
 
 def test_operators_pass_torch_library_opcheck(bundle, torch, opcheck):
-    from tilekiln import _torch
+    from tilekiln._torch.ops import gemm_op, gemm_out_op, scaled_gemm_op, scaled_gemm_out_op
+    from tilekiln._torch.streams import bundle_ref
 
     x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     # An nn.Linear weight's transpose: K-major, so N = 100 needs no 16-byte rows (a row-major
@@ -127,23 +128,23 @@ def test_operators_pass_torch_library_opcheck(bundle, torch, opcheck):
     # the clone of a padded (64, 104)[:, :100] out is a contiguous one whose rows no kernel takes.
     w104 = torch.randn(104, 128, device="cuda", dtype=torch.bfloat16).t()
     w8_104 = w104.t().contiguous().to(torch.float8_e4m3fn).t()
-    ref = _torch.bundle_ref(bundle)
+    ref = bundle_ref(bundle)
     checks = [
-        (_torch.gemm_op, (x, w, ref, "", False, "none")),
-        (_torch.gemm_op, (x, w, ref, "", True, "none")),
-        (_torch.gemm_op, (x.detach(), w.detach(), ref, "", False, "silu")),
-        (_torch.gemm_out_op, (x.detach(), w104, torch.empty(64, 104, device="cuda", dtype=torch.bfloat16), ref, "")),
-        (_torch.scaled_gemm_op, (x8, w8, s, s, torch.bfloat16, ref, "", "tensor")),
-        (_torch.scaled_gemm_out_op, (x8, w8_104, s, s, torch.empty(64, 104, device="cuda", dtype=torch.bfloat16),
+        (gemm_op, (x, w, ref, "", False, "none")),
+        (gemm_op, (x, w, ref, "", True, "none")),
+        (gemm_op, (x.detach(), w.detach(), ref, "", False, "silu")),
+        (gemm_out_op, (x.detach(), w104, torch.empty(64, 104, device="cuda", dtype=torch.bfloat16), ref, "")),
+        (scaled_gemm_op, (x8, w8, s, s, torch.bfloat16, ref, "", "tensor")),
+        (scaled_gemm_out_op, (x8, w8_104, s, s, torch.empty(64, 104, device="cuda", dtype=torch.bfloat16),
                                      ref, "", "tensor")),
         # A residual at the result's strides (rows padded to 16 bytes: fused) and at others (added
         # in the node).
-        (_torch.gemm_op, (x.detach(), w.detach(), ref, "", False, "none", None,
+        (gemm_op, (x.detach(), w.detach(), ref, "", False, "none", None,
                           torch.randn(64, 104, device="cuda", dtype=torch.bfloat16)[:, :100])),
-        (_torch.gemm_op, (x.detach(), w.detach(), ref, "", False, "none", None,
+        (gemm_op, (x.detach(), w.detach(), ref, "", False, "none", None,
                           torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)[:, :100])),
         # Row-wise scales and a bias.
-        (_torch.scaled_gemm_op, (x8, w8, torch.rand(64, 1, device="cuda"), torch.rand(1, 100, device="cuda"),
+        (scaled_gemm_op, (x8, w8, torch.rand(64, 1, device="cuda"), torch.rand(1, 100, device="cuda"),
                                  torch.bfloat16, ref, "", "rowwise", torch.randn(100, device="cuda"))),
     ]
     for op, args in checks:

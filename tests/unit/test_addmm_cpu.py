@@ -12,8 +12,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import tilekiln
 from tests.records import kernel_record, manifest
-from tests.unit.test_torch_ops import Graphs, OpLog, meta, traced
-from tilekiln import _torch
+from tests.unit.test_torch_ops import OpLog, meta, traced
+from tilekiln._torch import ops, run
+from tilekiln._torch.checks import check_addmm
+from tilekiln._torch.epilogue import UNFUSED, VALUE_INDEX
 from tilekiln.bundle import Bundle, DeviceInfo
 from tilekiln.errors import NoKernelError
 from tilekiln.problem import addmm_request
@@ -71,10 +73,10 @@ def _args(m=6, k=5, n=4, dtype=torch.float32):
 def test_every_argument_is_checked_and_named(change, error, text):
     args = change(*_args())
     if error is None:
-        assert _torch.check_addmm(*args) == (float(args[3]), float(args[4]))
+        assert check_addmm(*args) == (float(args[3]), float(args[4]))
         return
     with pytest.raises(error, match=_literal(text)):
-        _torch.check_addmm(*args)
+        check_addmm(*args)
 
 
 def _literal(text):
@@ -122,12 +124,12 @@ def reference(i, a, b, beta, alpha):
 @pytest.mark.parametrize("form", ["full", "row", "column", "in place"])
 def test_the_result_is_torchs_whatever_the_kernel_fuses(monkeypatch, alpha_beta, beta, alpha, form):
     kernels = Kernels(alpha_beta)
-    monkeypatch.setattr(_torch, "run_gemm", kernels)
+    monkeypatch.setattr(run, "run_gemm", kernels)
     i, a, b = _args()
     i = {"full": i, "row": i[0], "column": i[:, :1], "in place": i.clone()}[form]
     want = reference(i, a, b, beta, alpha)
     out = i if form == "in place" else None
-    got = _torch.run_addmm(None, i, a, b, float(beta), float(alpha), out)
+    got = run.run_addmm(None, i, a, b, float(beta), float(alpha), out)
     assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5)
     if form == "in place":
         assert got is i
@@ -140,21 +142,21 @@ def test_the_result_is_torchs_whatever_the_kernel_fuses(monkeypatch, alpha_beta,
 
 
 def test_beta_0_never_reads_input_so_nan_and_inf_do_not_propagate(monkeypatch):
-    monkeypatch.setattr(_torch, "run_gemm", Kernels(True))
+    monkeypatch.setattr(run, "run_gemm", Kernels(True))
     i, a, b = _args()
     i[0, 0], i[1, 1] = float("nan"), float("inf")
-    got = _torch.run_addmm(None, i, a, b, 0.0, 0.5, None)
+    got = run.run_addmm(None, i, a, b, 0.0, 0.5, None)
     assert torch.isfinite(got).all()
     assert torch.allclose(got.double(), 0.5 * (a.double() @ b.double()), rtol=1e-5, atol=1e-5)
 
 
 def test_an_empty_sum_is_beta_times_input_without_a_launch(monkeypatch):
     kernels = Kernels(True)
-    monkeypatch.setattr(_torch, "run_gemm", kernels)
+    monkeypatch.setattr(run, "run_gemm", kernels)
     i, a, b = _args(k=0)
-    assert torch.equal(_torch.run_addmm(None, i[0], a, b, 2.0, 3.0, None), (2 * i[0]).expand(6, 4))
-    assert not _torch.run_addmm(None, i, a, b, 0.0, 3.0, None).any()
-    assert _torch.run_addmm(None, i[:0], a[:0], b, 1.0, 1.0, None).shape == (0, 4)
+    assert torch.equal(run.run_addmm(None, i[0], a, b, 2.0, 3.0, None), (2 * i[0]).expand(6, 4))
+    assert not run.run_addmm(None, i, a, b, 0.0, 3.0, None).any()
+    assert run.run_addmm(None, i[:0], a[:0], b, 1.0, 1.0, None).shape == (0, 4)
     assert kernels.requests == []
 
 
@@ -198,7 +200,7 @@ def test_gradients_are_torch_addmms(bundle):
 
 def test_the_backward_scales_and_reduces_as_torch_does(monkeypatch):
     """The gradients' values, on CPU, with torch.matmul standing in for the GEMM operator."""
-    monkeypatch.setattr(_torch, "gemm_op", lambda a, b, *rest: a @ b)
+    monkeypatch.setattr(ops, "gemm_op", lambda a, b, *rest: a @ b)
 
     class Ctx:
         needs_input_grad = (True, True, True)
@@ -207,7 +209,7 @@ def test_the_backward_scales_and_reduces_as_torch_does(monkeypatch):
 
     i, a, b = _args()
     grad = torch.randn(6, 4, generator=torch.Generator().manual_seed(1))
-    gi, ga, gb, *rest = _torch._addmm_backward(Ctx, grad)
+    gi, ga, gb, *rest = ops._addmm_backward(Ctx, grad)
     x, m1, m2 = i[0].clone().requires_grad_(), a.clone().requires_grad_(), b.clone().requires_grad_()
     torch.addmm(x, m1, m2, beta=0.5, alpha=-2.0).backward(grad)
     for got, want in ((gi, x.grad), (ga, m1.grad), (gb, m2.grad)):
@@ -242,7 +244,7 @@ def test_a_residual_torch_adds_after_an_alpha_kernel_is_scaled_by_beta():
     rounded once."""
     y = torch.tensor([[1.0, 2.0]], dtype=BF16)
     r = torch.tensor([[4.0, -8.0]], dtype=BF16)
-    add = _torch.UNFUSED["residual"]
+    add = UNFUSED["residual"]
     assert torch.equal(add("add", y, None, r, (3.0, -0.5)), torch.tensor([[-1.0, 6.0]], dtype=BF16))
     assert torch.equal(add("add", y, None, r, (3.0, 1.0)), torch.tensor([[5.0, -6.0]], dtype=BF16))
-    assert _torch.VALUE_INDEX == {"alpha": 0, "beta": 1}
+    assert VALUE_INDEX == {"alpha": 0, "beta": 1}

@@ -284,7 +284,7 @@ def test_an_mxfp8_call_runs_only_on_an_mxfp8_kernel():
 
 
 def test_a_bundle_without_block_scaled_kernels_refuses_with_the_arch_message(tmp_path):
-    from tilekiln._torch import _check_block_kernels
+    from tilekiln._torch.scales import check_block_kernels
     from tilekiln.bundle import Bundle, DeviceInfo
     from tilekiln.errors import NoKernelError
     from tests.records import manifest
@@ -293,7 +293,7 @@ def test_a_bundle_without_block_scaled_kernels_refuses_with_the_arch_message(tmp
                     device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132, "NVIDIA H200", 143156))
     with pytest.raises(NoKernelError, match=r"scale_format='mxfp8': bundle sm90a \(sm_90a\) has no mxfp8 kernels; "
                                             r"the block-scaled tcgen05 MMA exists on compute capability 10\.x"):
-        _check_block_kernels(hopper, "mxfp8")
+        check_block_kernels(hopper, "mxfp8")
 
 
 def test_scale_format_names_the_block_scaled_formats():
@@ -312,12 +312,12 @@ def test_elements_of_another_type_are_refused():
 
 
 def test_an_mxfp8_call_asks_for_its_block_scale_and_its_bias():
-    from tilekiln._torch import _scaled_request
+    from tilekiln._torch.scales import scaled_request
 
     a, b, _, _ = _operands()
-    assert _scaled_request(a, b, "mxfp8", None, None, None) == (("block_scale", "sfe8m0x32"),)
+    assert scaled_request(a, b, "mxfp8", None, None, None) == (("block_scale", "sfe8m0x32"),)
     bias = torch.zeros(b.shape[1], dtype=torch.float32)
-    assert _scaled_request(a, b, "mxfp8", None, None, bias) == (("block_scale", "sfe8m0x32"), ("bias", "f32"))
+    assert scaled_request(a, b, "mxfp8", None, None, bias) == (("block_scale", "sfe8m0x32"), ("bias", "f32"))
 
 
 # -- packed fp4 operands --------------------------------------------------------------------------
@@ -418,7 +418,7 @@ def test_malformed_fp4_calls_are_refused_naming_the_argument(name, change, error
 
 
 def test_mxfp4_and_mxfp8_share_a_block_scale_and_the_elements_tell_them_apart():
-    from tilekiln._torch import _scaled_request
+    from tilekiln._torch.scales import scaled_request
 
     assert bs.block_request("mxfp4") == bs.block_request("mxfp8") != bs.block_request("nvfp4")
     request = bs.block_request("mxfp4")
@@ -426,13 +426,13 @@ def test_mxfp4_and_mxfp8_share_a_block_scale_and_the_elements_tell_them_apart():
     assert bs.requested_format(request, torch.float8_e4m3fn) == "mxfp8"
     assert bs.requested_format(bs.block_request("nvfp4"), torch.float4_e2m1fn_x2) == "nvfp4"
     a, b, _, _, _ = _fp4_operands("mxfp4")
-    assert _scaled_request(a, b, "mxfp4", None, None, None) == (("block_scale", "sfe8m0x32"),)
+    assert scaled_request(a, b, "mxfp4", None, None, None) == (("block_scale", "sfe8m0x32"),)
     # An mxfp8 call of fp4 elements (or the reverse) is refused before a kernel is chosen.
     with pytest.raises(TypeError, match=r"a: mxfp8 takes torch\.float8_e4m3fn elements, got torch\.float4_e2m1fn_x2"):
-        _scaled_request(a, b, "mxfp8", None, None, None)
+        scaled_request(a, b, "mxfp8", None, None, None)
     a8, b8, _, _ = _operands()
     with pytest.raises(TypeError, match=r"a: mxfp4 takes torch\.float4_e2m1fn_x2 elements packed two per byte"):
-        _scaled_request(a8, b8, "mxfp4", None, None, None)
+        scaled_request(a8, b8, "mxfp4", None, None, None)
 
 
 def test_an_nvfp4_call_runs_only_on_an_nvfp4_kernel():
@@ -464,11 +464,11 @@ def _swiglu_problem(name, n):
     import dataclasses
 
     from tilekiln._tensors import describe
-    from tilekiln._torch import _scaled_request
+    from tilekiln._torch.scales import scaled_request
     from tilekiln.problem import make_problem
 
     a, b, _, _, _ = _fp4_operands(name, m=256, n=n, k=512) if name != "mxfp8" else (*_operands(256, n, 512), None)
-    request = _scaled_request(a, b, name, None, None, None, None, "swiglu")
+    request = scaled_request(a, b, name, None, None, None, None, "swiglu")
     a_op, b_op = (dataclasses.replace(describe(t, label), device=0) for t, label in ((a, "a"), (b, "b")))
     return make_problem(a_op, b_op, None, "bf16", request)
 
@@ -501,7 +501,8 @@ def test_a_block_scaled_swiglu_call_runs_on_the_fused_kernel_else_pairs_in_torch
 
 
 def test_a_scaled_swiglu_call_is_refused_where_it_cannot_pair_columns():
-    from tilekiln._torch import _scaled_request, scaled_activation_token
+    from tilekiln._torch.checks import scaled_activation_token
+    from tilekiln._torch.scales import scaled_request
 
     a, b, _, _ = _operands(n=200)
     assert scaled_activation_token(None) == "none" and scaled_activation_token("swiglu") == "swiglu"
@@ -509,14 +510,14 @@ def test_a_scaled_swiglu_call_is_refused_where_it_cannot_pair_columns():
         scaled_activation_token("relu")
     with pytest.raises(ValueError, match=r"activation: 'swiglu' pairs gate and up columns of b, so N must be even; "
                                          r"got N = 199"):
-        _scaled_request(a, b[:, :199], "mxfp8", None, None, None, None, "swiglu")
+        scaled_request(a, b[:, :199], "mxfp8", None, None, None, None, "swiglu")
     one = torch.ones(1)
     with pytest.raises(ValueError, match=r"activation: 'swiglu' with a torch\.float8_e4m3fn result"):
-        _scaled_request(a, b, "tensor", torch.float8_e4m3fn, None, None, one, "swiglu")
+        scaled_request(a, b, "tensor", torch.float8_e4m3fn, None, None, one, "swiglu")
 
 
 def test_a_traced_scaled_swiglu_call_allocates_half_the_columns():
-    from tilekiln._torch import _scaled_gemm_fake
+    from tilekiln._torch.ops import _scaled_gemm_fake
 
     a, b, sa, sb = _operands(n=256)
     out = _scaled_gemm_fake(a, b, sa, sb, None, "", "", "mxfp8", None, None, "swiglu")
@@ -554,13 +555,13 @@ def test_an_fp16_block_scaled_call_runs_only_on_an_fp16_kernel(name):
     import dataclasses
 
     from tilekiln._tensors import describe
-    from tilekiln._torch import _scaled_request
+    from tilekiln._torch.scales import scaled_request
     from tilekiln.problem import make_problem
     from tests.records import pick
     from tilekiln.select import check_kernel, choose
 
     a, b, _, _, _ = _fp4_operands(name, m=256, n=384, k=512) if name != "mxfp8" else (*_operands(256, 384, 512), None)
-    request = _scaled_request(a, b, name, torch.float16, None, None)
+    request = scaled_request(a, b, name, torch.float16, None, None)
     assert request == bs.block_request(name)
     a_op, b_op = (dataclasses.replace(describe(t, label), device=0) for t, label in ((a, "a"), (b, "b")))
     asked = make_problem(a_op, b_op, None, "f16", request)
@@ -576,7 +577,8 @@ def test_an_fp16_block_scaled_call_runs_only_on_an_fp16_kernel(name):
 
 
 def test_an_fp16_result_no_kernel_writes_is_refused_naming_out_dtype(tmp_path):
-    from tilekiln._torch import _check_block_kernels, scaled_gemm
+    from tilekiln._torch.api import scaled_gemm
+    from tilekiln._torch.scales import check_block_kernels
     from tilekiln.errors import NoKernelError
 
     bundle = _blackwell_bundle(tmp_path, _record(0, "mx", **_typed("mxfp8", "bf16")),
@@ -584,7 +586,7 @@ def test_an_fp16_result_no_kernel_writes_is_refused_naming_out_dtype(tmp_path):
     message = (r"out_dtype: scale_format='mxfp8' with a torch\.float16 result: bundle sm100a \(sm_100a\) has no mxfp8 "
                r"kernel writing f16 \(its mxfp8 kernels write bf16\); pass out_dtype=torch\.bfloat16")
     with pytest.raises(NoKernelError, match=message):
-        _check_block_kernels(bundle, "mxfp8", torch.float16)
+        check_block_kernels(bundle, "mxfp8", torch.float16)
     # through scaled_gemm, before any operand is placed on a device: never a bf16 result
     a, b, sa, sb = _operands(256, 384, 512)
     with pytest.raises(NoKernelError, match=message):
@@ -595,12 +597,12 @@ def test_an_fp16_result_no_kernel_writes_is_refused_naming_out_dtype(tmp_path):
         with pytest.raises(NoKernelError, match=message):
             scaled_gemm(bundle, a, b, sa, sb, out_dtype, half, None, scale_format="mxfp8")
     with pytest.raises(NoKernelError, match=r"out_dtype: scale_format='mxfp8' with a torch\.float32 result"):
-        _check_block_kernels(bundle, "mxfp8", torch.float32)
+        check_block_kernels(bundle, "mxfp8", torch.float32)
     # the types the format's kernels write pass; the nvfp4 kernel writes f16 only
-    _check_block_kernels(bundle, "mxfp8", torch.bfloat16)
-    _check_block_kernels(bundle, "nvfp4", torch.float16)
+    check_block_kernels(bundle, "mxfp8", torch.bfloat16)
+    check_block_kernels(bundle, "nvfp4", torch.float16)
     with pytest.raises(NoKernelError, match=r"pass out_dtype=torch\.float16, or build a kernel"):
-        _check_block_kernels(bundle, "nvfp4", torch.bfloat16)
+        check_block_kernels(bundle, "nvfp4", torch.bfloat16)
 
 
 def test_an_fp16_swiglu_call_without_an_fp16_gated_kernel_pairs_an_fp16_result_in_torch():
@@ -639,7 +641,7 @@ def test_a_pair_swiglu_kernel_takes_the_block_scaled_swiglu_call():
 def test_an_out_tensor_decides_the_result_type_without_out_dtype(tmp_path, monkeypatch):
     """scaled_gemm(..., out=fp16 tensor) plans an fp16 result (as out_dtype=torch.float16 does, and as
     the torch.compile operator passes out's type), not the bf16 default."""
-    from tilekiln._torch import scaled_gemm
+    from tilekiln._torch.api import scaled_gemm
 
     bundle = _blackwell_bundle(tmp_path, _record(0, "mx16", **_typed("mxfp8", "f16")),
                                _record(1, "mx", **_typed("mxfp8", "bf16")))

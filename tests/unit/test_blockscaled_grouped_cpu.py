@@ -296,7 +296,7 @@ def test_an_nvfp4_grouped_problem_counts_k_in_elements():
 @pytest.mark.parametrize("masked", [False, True])
 def test_a_bundle_without_block_scaled_kernels_refuses_a_grouped_call_with_the_arch_message(tmp_path, masked):
     from tests.records import manifest
-    from tilekiln._torch import _grouped_plan
+    from tilekiln._torch.run_grouped import grouped_plan
     from tilekiln.bundle import Bundle, DeviceInfo
     from tilekiln.errors import NoKernelError
 
@@ -306,7 +306,7 @@ def test_a_bundle_without_block_scaled_kernels_refuses_a_grouped_call_with_the_a
     rows = torch.tensor([10, 100, 200], dtype=torch.int32)
     with pytest.raises(NoKernelError, match=r"scale_format='mxfp8': bundle sm90a \(sm_90a\) has no mxfp8 kernels; "
                                             r"the block-scaled tcgen05 MMA exists on compute capability 10\.x"):
-        _grouped_plan(hopper, a, b, rows, sa, sw, None, None, masked, "none", "mxfp8")
+        grouped_plan(hopper, a, b, rows, sa, sw, None, None, masked, "none", "mxfp8")
 
 
 def _bundle_of(tmp_path, *kernels):

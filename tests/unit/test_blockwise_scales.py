@@ -193,7 +193,7 @@ def test_selection_never_drops_blockwise_scaling():
 def test_float_scales_must_start_4_byte_aligned():
     """The kernels read row-wise and blockwise scales, and an fp8 result's scale_result, one float32
     at a time: a view at an odd byte offset is refused naming its argument."""
-    from tilekiln._torch import _check_float_pointers
+    from tilekiln._torch.scales import check_float_pointers
 
     class At:
         def __init__(self, address):
@@ -202,7 +202,7 @@ def test_float_scales_must_start_4_byte_aligned():
         def data_ptr(self):
             return self.address
 
-    _check_float_pointers(scale_a=At(0x1000), scale_b=At(0x1004), scale_result=At(0x2008))
+    check_float_pointers(scale_a=At(0x1000), scale_b=At(0x1004), scale_result=At(0x2008))
     for name in ("scale_a", "scale_b", "scale_result"):
         with pytest.raises(ValueError, match=f"^{name}: data pointer is not 4-byte aligned"):
-            _check_float_pointers(**{name: At(0x1002)})
+            check_float_pointers(**{name: At(0x1002)})

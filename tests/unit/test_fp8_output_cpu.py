@@ -16,7 +16,8 @@ import tilekiln
 from builder.compile.objfile import EntryPoints
 from builder.package.link import LinkInput, render_glue
 from tilekiln._tensors import Operand
-from tilekiln._torch import SCALED_RESULTS, check_scale_result, saturate_result
+from tilekiln._torch.epilogue import SCALED_RESULTS, saturate_result
+from tilekiln._torch.scales import check_scale_result
 from tilekiln.bundle import Bundle, DeviceInfo
 from tilekiln.problem import make_problem, requested_epilogue
 from tilekiln.select import check_kernel, choose_fused, choose

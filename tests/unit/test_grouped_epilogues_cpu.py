@@ -168,7 +168,7 @@ def test_a_swiglu_no_kernel_fuses_runs_the_ungated_gemm_and_leaves_the_pairing(t
 # -- the row-wise scale checks --------------------------------------------------------------------
 
 def test_scales_are_read_as_torch_scaled_grouped_mm_reads_them():
-    from tilekiln._torch import grouped_scaling
+    from tilekiln._torch.scales import grouped_scaling
 
     one = torch.ones(1)
     assert grouped_scaling(None, None) == "none"
@@ -189,7 +189,7 @@ MA = torch.empty(8, 16, 64)
     (torch.ones(8, 16, 1), torch.ones(8, 1, 1000), True),
 ])
 def test_row_wise_scales_of_torchs_shapes_pass(scale_a, scale_b, masked):
-    from tilekiln._torch import check_grouped_scales
+    from tilekiln._torch.scales import check_grouped_scales
 
     check_grouped_scales(MA if masked else A, B, scale_a, scale_b, masked)
 
@@ -209,7 +209,7 @@ def test_row_wise_scales_of_torchs_shapes_pass(scale_a, scale_b, masked):
      "or (8, 16, 1) (one per row of a)"),
 ])
 def test_row_wise_scale_errors_name_the_argument(scale_a, scale_b, masked, exc, text):
-    from tilekiln._torch import check_grouped_scales
+    from tilekiln._torch.scales import check_grouped_scales
 
     with pytest.raises(exc) as info:
         check_grouped_scales(MA if masked else A, B, scale_a, scale_b, masked)

@@ -14,7 +14,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import tilekiln
 from builder.compile.objfile import EntryPoints
 from builder.package.link import LinkInput, render_glue
-from tilekiln._torch import check_rowwise_scales, fusable_residual, scale_format_of
+from tilekiln._torch.results import fusable_residual
+from tilekiln._torch.scales import check_rowwise_scales, scale_format_of
 from tilekiln.bundle import Bundle, DeviceInfo
 from tilekiln.errors import NoKernelError
 from tilekiln.problem import make_problem, requested_epilogue

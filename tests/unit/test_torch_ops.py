@@ -200,7 +200,7 @@ def test_a_residual_the_node_cannot_take_follows_as_a_torch_add(fake, bundle):
 
 
 def test_the_gemm_node_checks_its_residual(fake, bundle):
-    from tilekiln._torch import gemm_op
+    from tilekiln._torch.ops import gemm_op
 
     x, w = cuda(64, 32), cuda(96, 32)
     with pytest.raises(ValueError, match=re.escape("residual: expected a tensor of the 2-D result's shape [64, 96], "
@@ -257,7 +257,7 @@ def test_swiglu_weight_interleaves_gate_and_up_blocks_and_the_unfused_product_ma
     """On the CPU in float64: the converted weight's rows are gate and up blocks of 64 in turn (a
     shorter last pair where 64 does not divide I), from the two weights or the stacked one, and
     the torch pairing of x @ w.T (the fallback) is silu(x @ gate.T) * (x @ up.T)."""
-    from tilekiln._torch import swiglu_unfused
+    from tilekiln._torch.epilogue import swiglu_unfused
     from tilekiln.spec import GLU_BLOCK
 
     gen = torch.Generator().manual_seed(inter)
@@ -291,13 +291,13 @@ def test_swiglu_weight_names_its_bad_arguments():
 def test_the_swiglu_gradient_is_torchs():
     """The backward's gradient at the interleaved GEMM result equals autograd's through the torch
     pairing (float64, CPU)."""
-    from tilekiln._torch import _swiglu_grad, swiglu_unfused
+    from tilekiln._torch.epilogue import swiglu_grad, swiglu_unfused
 
     gen = torch.Generator().manual_seed(3)
     pre = torch.randn(5, 2 * 100, dtype=torch.float64, generator=gen, requires_grad=True)
     grad = torch.randn(5, 100, dtype=torch.float64, generator=gen)
     swiglu_unfused(pre).backward(grad)
-    torch.testing.assert_close(_swiglu_grad(pre.detach(), grad), pre.grad)
+    torch.testing.assert_close(swiglu_grad(pre.detach(), grad), pre.grad)
 
 
 @pytest.mark.parametrize("x_shape", [(64, 32), (2, 8, 32)])
@@ -328,7 +328,7 @@ def test_swiglu_gradients_flow_through_one_fused_node(bundle):
 
 
 def test_swiglu_names_its_bad_arguments(fake, bundle):
-    from tilekiln._torch import swiglu
+    from tilekiln._torch.api import swiglu
 
     x = cuda(8, 32)
     cases = (
@@ -358,27 +358,27 @@ def test_swiglu_names_its_bad_arguments(fake, bundle):
 
 
 def test_an_out_whose_rows_end_short_of_16_bytes_is_written_through_a_buffer_at_its_strides():
-    """The stage a kernel writes in place of such an ``out`` (tilekiln/_torch.py, _stage_for): the
+    """The stage a kernel writes in place of such an ``out`` (tilekiln/_torch/results.py, stage_for): the
     plan made for ``out`` must fit it, so it has ``out``'s strides, with room for the chunk of the
-    last row that a TMA store writes past N; only N columns reach ``out`` (_finish)."""
-    from tilekiln._torch import _finish, _stage_for
+    last row that a TMA store writes past N; only N columns reach ``out`` (unstage)."""
+    from tilekiln._torch.results import stage_for, unstage
 
     buffer = torch.full((3, 136), 7.0, dtype=BF16)
     out = buffer[:, :100]  # 200-byte rows: the 16-byte chunk of column 99 covers columns 96-103
-    stage = _stage_for(out, None)
+    stage = stage_for(out, None)
     assert stage is not out and stage.stride() == out.stride() and stage.shape == out.shape
     assert stage.untyped_storage().nbytes() >= 2 * (2 * 136 + 104)  # the last row's chunk fits
     whole = stage.as_strided((3, 104), out.stride())  # what the TMA stores write: whole chunks
     whole.copy_(torch.arange(3 * 104, dtype=torch.float32).reshape(3, 104))
-    assert _finish(stage, out, None) is out
+    assert unstage(stage, out, None) is out
     assert torch.equal(out, whole[:, :100]) and bool((buffer[:, 100:] == 7.0).all())
     # A grouped call keeps the rows no group owns: its stage starts as out's copy.
-    assert torch.equal(_stage_for(out, None, keep=True), out)
+    assert torch.equal(stage_for(out, None, keep=True), out)
 
 
 @pytest.mark.parametrize("shape, dtype", [((3, 104), BF16), ((2, 4, 64), E4M3), ((0, 100), BF16)])
 def test_an_out_that_takes_the_stores_as_they_are_is_written_directly(shape, dtype):
-    from tilekiln._torch import _finish, _stage_for
+    from tilekiln._torch.results import stage_for, unstage
 
     out = torch.zeros(shape, dtype=torch.float32).to(dtype)
-    assert _stage_for(out, None) is out and _finish(out, out, None) is out
+    assert stage_for(out, None) is out and unstage(out, out, None) is out
