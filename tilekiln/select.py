@@ -43,7 +43,7 @@ from typing import Callable
 
 from tilekiln.model import DEFAULT_MODEL, ModelParams, model_of, on_device
 from tilekiln.problem import GemmProblem, gated, ungated
-from tilekiln.spec import DTYPES, FAMILIES, GLU_BLOCK, KernelRecord, Schedule, Scheduler, requested_fields
+from tilekiln.spec import DTYPES, FAMILIES, GLU_BLOCK, KernelRecord, Scheduler, requested_fields
 from tilekiln.splitk import PARTIAL_DTYPE, label, sliced
 from tilekiln.tuning.sku import TablePick
 

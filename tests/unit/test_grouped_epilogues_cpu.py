@@ -293,7 +293,7 @@ def test_the_grouped_swiglu_operators_trace_as_one_node_with_half_the_columns(tm
 
 
 def test_the_grouped_operators_schemas_take_the_activation_and_the_scale_format_last_with_defaults():
-    import tilekiln._torch  # noqa: F401  (registers the operators)
+    import tilekiln._torch.ops  # noqa: F401  (registers the operators)
 
     for name in ("grouped_gemm", "grouped_gemm_out", "grouped_gemm_masked", "grouped_gemm_masked_out"):
         schema = getattr(torch.ops.tilekiln, name).default._schema

@@ -8,7 +8,7 @@ from builder.check.context import KernelContext
 from builder.check.derive import Sm90Plan
 from builder.check.rules.registry import rule
 from builder.diagnostics import Diagnostic
-from tilekiln.spec import FAMILIES, Schedule
+from tilekiln.spec import Schedule
 
 
 @rule("CTA-GROUP", "the CTAs per MMA (1, or 2 for a CTA pair) is an MMA form of the pipeline")
