@@ -25,6 +25,13 @@ suite shapes; each kernel is checked against a float64 reference of sampled rows
 product of 16384x18432x7168 takes over a minute), and the accuracy comparison is left out.
 
     python3 bench/blockwise.py --all-kernels --repeats 1 --json bench/results/blockwise-kernels-<card>-<date>.json
+
+``--deepgemm`` runs the 18 dense shapes of DeepGEMM's published table (:data:`DEEPGEMM_H800`);
+every shape of a run that is in that table also reports the blockwise side against DeepGEMM's
+published throughput (``ratio_vs_deepgemm_h800``). That is a comparison across runs and cards,
+not a paired one: DeepGEMM is not installed here (it compiles its kernels at run time with nvcc).
+
+    python3 bench/blockwise.py --deepgemm --json bench/results/blockwise-deepgemm-<card>-<date>.json
 """
 
 from __future__ import annotations
@@ -56,6 +63,21 @@ DEEPSEEK_M = (64, 128, 4096, 16384)
 # once per pass of the raster walk) and three suite shapes.
 ALL_KERNEL_SHAPES = tuple((m, n, k) for n, k in DEEPSEEK_NK for m in (128, 4096, 16384)) + (
     (4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096))
+# DeepGEMM's published dense throughput with these scales (TFLOP/s, by (M, N, K)): the table "Normal
+# GEMMs for dense models" of deepseek-ai/DeepGEMM's README at 327ec92 (2025-04-09, its last with
+# the table), measured on an H800 SXM5 with NVCC 12.8. An H800 SXM5 is an H100 SXM5 (132 SMs at the
+# same clocks, 80 GB of HBM3 at 3.35 TB/s) with less NVLink bandwidth, so one GPU's GEMM on an H100
+# SXM5 compares directly; an H200 (HBM3e, 4.8 TB/s) streams 1.43x faster, which the weight-bound
+# rows at M 64 and 128 feel. N 2112 is DeepSeek-V3's fused q_a and kv_a projection (1536 + 576).
+DEEPGEMM_H800 = {
+    (64, 2112, 7168): 206, (64, 24576, 1536): 289, (64, 32768, 512): 219, (64, 7168, 16384): 336,
+    (64, 4096, 7168): 287, (64, 7168, 2048): 295,
+    (128, 2112, 7168): 352, (128, 24576, 1536): 535, (128, 32768, 512): 358, (128, 7168, 16384): 645,
+    (128, 4096, 7168): 533, (128, 7168, 2048): 510,
+    (4096, 2112, 7168): 1127, (4096, 24576, 1536): 1212, (4096, 32768, 512): 775, (4096, 7168, 16384): 1520,
+    (4096, 4096, 7168): 1410, (4096, 7168, 2048): 1168,
+}
+DEEPGEMM_SOURCE = "deepseek-ai/DeepGEMM README at 327ec92 (2025-04-09), H800 SXM5, NVCC 12.8"
 # Rows of the result that --all-kernels checks against float64, spread over every M tile.
 CHECK_ROWS = 256
 OUTLIER_CHANNELS, CHANNEL_SCALE = 4, 20.0
@@ -170,6 +192,8 @@ def run(args) -> dict:
         if not pinned:
             raise SystemExit(f"bench/blockwise.py: bundle {bundle.name} has no dense blockwise kernel")
         shapes = deepseek_suite() if args.deepseek_only else list(ALL_KERNEL_SHAPES)
+    if args.deepgemm:
+        shapes = sorted(DEEPGEMM_H800)
     if args.quick:
         shapes = [(4096, 7168, 2048), (128, 24576, 1536), (8192, 8192, 8192)]
     sides = SIDES + pinned
@@ -226,6 +250,9 @@ def run(args) -> dict:
             "ratio_vs_bf16": round(med["blockwise"] / med["bf16"], 4),
             "runs": {side: [round(x, 1) for x in r[side]] for side in sides},
         }
+        if (m, n, k) in DEEPGEMM_H800:
+            row["deepgemm_h800_tflops"] = DEEPGEMM_H800[m, n, k]
+            row["ratio_vs_deepgemm_h800"] = round(med["blockwise"] / DEEPGEMM_H800[m, n, k], 4)
         if pinned:
             row["kernels_tflops"] = {kid: round(med[kid], 1) for kid in pinned}
             row["kernels_vs_tensor"] = {kid: round(med[kid] / med["tensor"], 4) for kid in pinned}
@@ -239,6 +266,11 @@ def run(args) -> dict:
                "min_vs_tensor": min(x["ratio_vs_tensor"] for x in results),
                "min_vs_bf16": min(x["ratio_vs_bf16"] for x in results),
                "shapes": len(results)}
+    published = [x for x in results if "ratio_vs_deepgemm_h800" in x]
+    if published:
+        summary["geomean_vs_deepgemm_h800"] = round(math.exp(statistics.fmean(
+            math.log(x["ratio_vs_deepgemm_h800"]) for x in published)), 4)
+        summary["deepgemm_shapes"] = len(published)
     if pinned:
         # Per kernel: its geomean against per-tensor fp8 over the shapes, and on how many it was fastest.
         summary["kernels"] = {kid: {
@@ -253,7 +285,7 @@ def run(args) -> dict:
             "repeats": args.repeats, "settle_ms": args.settle_ms, "timing": "graph",
             "outliers": {"channels": OUTLIER_CHANNELS, "channel_scale": CHANNEL_SCALE,
                          "massive_token_every": MASSIVE_TOKEN_EVERY, "token_scale": TOKEN_SCALE},
-            "summary": summary, "results": results}
+            "deepgemm_reference": DEEPGEMM_SOURCE, "summary": summary, "results": results}
 
 
 def main() -> None:
@@ -264,6 +296,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="three shapes only")
     p.add_argument("--deepseek-only", action="store_true", help="the DeepSeek-V3 shapes only")
+    p.add_argument("--deepgemm", action="store_true",
+                   help="the 18 shapes of DeepGEMM's published dense table only (DEEPGEMM_H800)")
     p.add_argument("--all-kernels", action="store_true",
                    help="also time every dense blockwise kernel of the bundle, pinned, on ALL_KERNEL_SHAPES")
     p.add_argument("--settle-ms", type=float, default=SETTLE_MS,
@@ -284,12 +318,15 @@ def main() -> None:
                   f"{r['kernels_tflops'][best]:.1f} ({r['kernels_vs_tensor'][best]:.3f})")
     else:
         print(f"{'shape':>22s} {'blockwise':>9s} {'tensor':>9s} {'bf16':>9s} {'/tensor':>8s} {'/bf16':>7s} "
-              f"{'row err bw':>10s} {'row err pt':>10s}  kernel")
+              f"{'/DeepGEMM':>9s} {'row err bw':>10s} {'row err pt':>10s}  kernel")
         for r in report["results"]:
             e = r["relative_error"]
+            published = f"{r['ratio_vs_deepgemm_h800']:9.3f}" if "ratio_vs_deepgemm_h800" in r else f"{'':9s}"
             print(f"{r['m']:6d}x{r['n']:6d}x{r['k']:6d} {r['blockwise_tflops']:9.1f} {r['tensor_tflops']:9.1f} "
-                  f"{r['bf16_tflops']:9.1f} {r['ratio_vs_tensor']:8.3f} {r['ratio_vs_bf16']:7.3f} "
+                  f"{r['bf16_tflops']:9.1f} {r['ratio_vs_tensor']:8.3f} {r['ratio_vs_bf16']:7.3f} {published} "
                   f"{e['blockwise']['rows']:10.2e} {e['tensor']['rows']:10.2e}  {r['kernel_blockwise']}")
+        if "geomean_vs_deepgemm_h800" in report["summary"]:
+            print(f"/DeepGEMM: the blockwise side over {DEEPGEMM_SOURCE}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
