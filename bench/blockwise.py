@@ -32,6 +32,14 @@ published throughput (``ratio_vs_deepgemm_h800``). That is a comparison across r
 not a paired one: DeepGEMM is not installed here (it compiles its kernels at run time with nvcc).
 
     python3 bench/blockwise.py --deepgemm --json bench/results/blockwise-deepgemm-<card>-<date>.json
+
+``--grouped`` times the grouped kernels instead, on the shapes of DeepGEMM's published grouped
+tables (:data:`DEEPGEMM_GROUPED_H800`; every group full, as there): tilekiln's blockwise grouped
+call against its per-tensor fp8 one and torch's bf16 (``torch._grouped_mm`` for the contiguous
+layout, ``torch.bmm`` for the masked one, whose groups are full), same data, interleaved, each
+checked first against float64 on rows sampled from every group.
+
+    python3 bench/blockwise.py --grouped --json bench/results/blockwise-grouped-<card>-<date>.json
 """
 
 from __future__ import annotations
@@ -76,6 +84,14 @@ DEEPGEMM_H800 = {
     (128, 4096, 7168): 533, (128, 7168, 2048): 510,
     (4096, 2112, 7168): 1127, (4096, 24576, 1536): 1212, (4096, 32768, 512): 775, (4096, 7168, 16384): 1520,
     (4096, 4096, 7168): 1410, (4096, 7168, 2048): 1168,
+}
+# Its grouped tables, same README and card: (layout, groups, rows per group, N, K) -> TFLOP/s.
+DEEPGEMM_GROUPED_H800 = {
+    ("contiguous", 4, 8192, 4096, 7168): 1346, ("contiguous", 4, 8192, 7168, 2048): 1214,
+    ("contiguous", 8, 4096, 4096, 7168): 1346, ("contiguous", 8, 4096, 7168, 2048): 1214,
+    ("masked", 1, 1024, 4096, 7168): 1233, ("masked", 1, 1024, 7168, 2048): 925,
+    ("masked", 2, 512, 4096, 7168): 1040, ("masked", 2, 512, 7168, 2048): 916,
+    ("masked", 4, 256, 4096, 7168): 932, ("masked", 4, 256, 7168, 2048): 815,
 }
 DEEPGEMM_SOURCE = "deepseek-ai/DeepGEMM README at 327ec92 (2025-04-09), H800 SXM5, NVCC 12.8"
 # Rows of the result that --all-kernels checks against float64, spread over every M tile.
@@ -288,6 +304,127 @@ def run(args) -> dict:
             "deepgemm_reference": DEEPGEMM_SOURCE, "summary": summary, "results": results}
 
 
+def grouped_operands(layout: str, groups: int, rows: int, n: int, k: int) -> dict:
+    """One problem of DeepGEMM's grouped tables, every group full: bf16 inputs, their blockwise and
+    per-tensor fp8 copies (a's rows, each group's weight quantized as tilekiln.quantize_fp8_blockwise
+    does), ``ends`` (offs) or ``counts`` (masked_m) and a bf16 result."""
+    masked = layout == "masked"
+    a = activations(groups * rows, k)
+    w = torch.randn(groups, n, k, device="cuda").to(torch.bfloat16)
+    a_bw, sa_bw = tilekiln.quantize_fp8_blockwise(a, (1, BLOCK))
+    weights = [tilekiln.quantize_fp8_blockwise(w[g], (BLOCK, BLOCK)) for g in range(groups)]
+    w_bw, sb_bw = torch.stack([x for x, _ in weights]), torch.stack([x for _, x in weights])
+    (a_t, sa_t), (w_t, sb_t) = per_tensor(a), per_tensor(w)
+    sizes = torch.full((groups,), rows, dtype=torch.int32, device="cuda")
+    if masked:
+        # (G, M_max, K) with each group's scale rows in its slot, M_max contiguous.
+        a, a_bw, a_t = (x.view(groups, rows, k) for x in (a, a_bw, a_t))
+        sa_bw = sa_bw.view(groups, rows, k // BLOCK)
+    return {"masked": masked, "bf16": (a, w), "blockwise": (a_bw, w_bw, sa_bw, sb_bw), "tensor": (a_t, w_t, sa_t, sb_t),
+            "rows": sizes if masked else sizes.cumsum(0).to(torch.int32),
+            "out": torch.empty(*a.shape[:-1], n, device="cuda", dtype=torch.bfloat16)}
+
+
+def grouped_calls(bundle, s: dict) -> dict:
+    """Each side's call: tilekiln's blockwise and per-tensor fp8 grouped calls, torch's bf16."""
+    a_bw, w_bw, sa_bw, sb_bw = s["blockwise"]
+    a_t, w_t, sa_t, sb_t = s["tensor"]
+    a, w = s["bf16"]
+    rows, out = s["rows"], s["out"]
+    call = bundle.grouped_gemm_masked if s["masked"] else bundle.grouped_gemm
+    return {
+        "blockwise": lambda: call(a_bw, w_bw.transpose(1, 2), rows, scale_a=sa_bw, scale_b=sb_bw, out=out,
+                                  scale_format="blockwise"),
+        "tensor": lambda: call(a_t, w_t.transpose(1, 2), rows, scale_a=sa_t, scale_b=sb_t, out=out),
+        "bf16": (lambda: torch.bmm(a, w.transpose(1, 2), out=out)) if s["masked"] else
+                (lambda: torch._grouped_mm(a, w.transpose(1, 2), offs=rows)),
+    }
+
+
+def check_grouped(bundle, s: dict, what: str) -> None:
+    """The blockwise side against the float64 product of its dequantized inputs, the per-tensor side
+    against its own, on CHECK_ROWS rows spread over every group."""
+    from tilekiln.blockwise import dequantize
+
+    a_bw, w_bw, sa_bw, sb_bw = s["blockwise"]
+    a_t, w_t, sa_t, sb_t = s["tensor"]
+    groups = w_bw.shape[0]
+    flat = a_bw.reshape(-1, a_bw.shape[-1])
+    per_group = flat.shape[0] // groups
+    pick = torch.linspace(0, per_group - 1, max(1, min(per_group, CHECK_ROWS // groups)), device="cuda").long().unique()
+    sa_rows, flat_t = sa_bw.reshape(-1, sa_bw.shape[-1]), a_t.reshape(-1, a_t.shape[-1])
+    sides = grouped_calls(bundle, s)
+    for side in ("blockwise", "tensor"):
+        s["out"].fill_(float("nan"))
+        got = sides[side]().reshape(-1, s["out"].shape[-1])
+        num = den = 0.0
+        for g in range(groups):
+            rows = g * per_group + pick
+            if side == "blockwise":
+                weight = dequantize(w_bw[g], sb_bw[g], (BLOCK, BLOCK))
+                ref = dequantize(flat[rows], sa_rows[rows], (1, BLOCK)) @ weight.t()
+            else:
+                ref = (flat_t[rows].double() @ w_t[g].double().t()) * (sa_t * sb_t).double()
+            num += (got[rows].double() - ref).norm().item() ** 2
+            den += ref.norm().item() ** 2
+        err = math.sqrt(num / den)
+        if not err < 1e-2:
+            raise SystemExit(f"numerics check failed for {side} {what}: relative error {err}")
+
+
+def run_grouped(args) -> dict:
+    bundle = tilekiln.load(args.bundle)
+    rows = []
+    for rep in range(args.repeats):
+        for index, (layout, groups, per_group, n, k) in enumerate(sorted(DEEPGEMM_GROUPED_H800)):
+            what = f"{layout} {groups}x{per_group}x{n}x{k}"
+            s = grouped_operands(layout, groups, per_group, n, k)
+            if rep == 0:
+                check_grouped(bundle, s, what)
+                a_bw, w_bw, *_ = s["blockwise"]
+                explain_rows = {"masked_m" if s["masked"] else "offs": s["rows"]}
+                rows.append({"layout": layout, "groups": groups, "rows_per_group": per_group, "n": n, "k": k,
+                             "kernel_blockwise": tilekiln.explain(a_bw, w_bw.transpose(1, 2), bundle=bundle,
+                                                                  scale_format="blockwise", **explain_rows).label,
+                             "runs": {side: [] for side in SIDES}})
+            flops = 2 * groups * per_group * n * k
+            sides = grouped_calls(bundle, s)
+            iters = block_launches(flops)
+            timers = {side: block_timer(lambda i, side=side: sides[side](), iters, args.settle_ms, True,
+                                        f"{what} {side}") for side in SIDES}
+            times = {side: [] for side in SIDES}
+            for block in range(4):
+                shift = block % len(SIDES)
+                for side in SIDES[shift:] + SIDES[:shift]:
+                    times[side].append(timers[side]())
+            row = rows[index]
+            for side in SIDES:
+                row["runs"][side].append(round(flops / statistics.median(times[side]) / 1e9, 1))
+            r = row["runs"]
+            print(f"rep {rep} {what:32s} blockwise {r['blockwise'][-1]:7.1f}  tensor {r['tensor'][-1]:7.1f}  "
+                  f"bf16 {r['bf16'][-1]:7.1f}  vs tensor {r['blockwise'][-1] / r['tensor'][-1]:.3f}", flush=True)
+            s = sides = timers = None  # free the operands (and graphs) before the next shape
+    for row in rows:
+        key = (row["layout"], row["groups"], row["rows_per_group"], row["n"], row["k"])
+        med = {side: statistics.median(row["runs"][side]) for side in SIDES}
+        row.update({f"{side}_tflops": round(med[side], 1) for side in SIDES})
+        row.update(ratio_vs_tensor=round(med["blockwise"] / med["tensor"], 4),
+                   ratio_vs_bf16=round(med["blockwise"] / med["bf16"], 4),
+                   deepgemm_h800_tflops=DEEPGEMM_GROUPED_H800[key],
+                   ratio_vs_deepgemm_h800=round(med["blockwise"] / DEEPGEMM_GROUPED_H800[key], 4))
+
+    def geomean(key: str) -> float:
+        return round(math.exp(statistics.fmean(math.log(x[key]) for x in rows)), 4)
+
+    summary = {"geomean_vs_tensor": geomean("ratio_vs_tensor"), "geomean_vs_bf16": geomean("ratio_vs_bf16"),
+               "geomean_vs_deepgemm_h800": geomean("ratio_vs_deepgemm_h800"),
+               "min_vs_tensor": min(x["ratio_vs_tensor"] for x in rows), "shapes": len(rows)}
+    return {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "bundle": bundle.name, "bundle_version": bundle.version,
+            "repeats": args.repeats, "settle_ms": args.settle_ms, "timing": "graph", "grouped": True,
+            "deepgemm_reference": DEEPGEMM_SOURCE, "summary": summary, "results": rows}
+
+
 def main() -> None:
     from tilekiln.tuning.timing import SETTLE_MS
 
@@ -298,6 +435,8 @@ def main() -> None:
     p.add_argument("--deepseek-only", action="store_true", help="the DeepSeek-V3 shapes only")
     p.add_argument("--deepgemm", action="store_true",
                    help="the 18 shapes of DeepGEMM's published dense table only (DEEPGEMM_H800)")
+    p.add_argument("--grouped", action="store_true",
+                   help="the grouped kernels on DeepGEMM's published grouped shapes (DEEPGEMM_GROUPED_H800)")
     p.add_argument("--all-kernels", action="store_true",
                    help="also time every dense blockwise kernel of the bundle, pinned, on ALL_KERNEL_SHAPES")
     p.add_argument("--settle-ms", type=float, default=SETTLE_MS,
@@ -305,11 +444,20 @@ def main() -> None:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     try:
-        report = run(args)
+        report = run_grouped(args) if args.grouped else run(args)
     except CaptureError as exc:
         raise SystemExit(f"bench/blockwise.py: {exc}")
     print(json.dumps(report["summary"]))
-    if args.all_kernels:
+    if args.grouped:
+        print(f"{'layout':>10s} {'G x rows x N x K':>24s} {'blockwise':>9s} {'tensor':>9s} {'bf16':>9s} "
+              f"{'/tensor':>8s} {'/DeepGEMM':>9s}  kernel")
+        for r in report["results"]:
+            shape = f"{r['groups']}x{r['rows_per_group']}x{r['n']}x{r['k']}"
+            print(f"{r['layout']:>10s} {shape:>24s} {r['blockwise_tflops']:9.1f} {r['tensor_tflops']:9.1f} "
+                  f"{r['bf16_tflops']:9.1f} {r['ratio_vs_tensor']:8.3f} {r['ratio_vs_deepgemm_h800']:9.3f}  "
+                  f"{r['kernel_blockwise']}")
+        print(f"/DeepGEMM: the blockwise side over {DEEPGEMM_SOURCE}")
+    elif args.all_kernels:
         print(f"{'shape':>22s} {'blockwise':>9s} {'tensor':>9s} {'bf16':>9s} {'/tensor':>8s}  fastest pinned kernel")
         for r in report["results"]:
             best = r["fastest_kernel"]
