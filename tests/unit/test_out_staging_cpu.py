@@ -1,0 +1,186 @@
+"""The out= staging of the torch path (tilekiln/_torch/results.py, stage_for), run end to end on the
+CPU: a stand-in library whose launches write the product into the C pointer they are handed, at the
+row stride of the plan the call made, every row in whole 16-byte chunks as a TMA store writes it (the
+chunk's bytes past N filled with garbage). An out= whose rows end short of 16 bytes (N = 100 bf16
+columns in rows of 136) must keep its columns past N, get every element, and cost one launch. The
+GPU suite found a staged call that staged its own stage without end and a grouped one whose plan's
+strides were not its stage's; these run the same paths without a GPU."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+
+import pytest
+import torch
+
+from tests.records import kernel_record, manifest
+from tilekiln import grouped as grouped_module
+from tilekiln._native import CALL
+from tilekiln._tensors import describe
+from tilekiln._torch import run, run_grouped
+from tilekiln.bundle import Bundle, DeviceInfo
+
+N, WIDTH = 100, 136  # 200-byte rows inside 272-byte ones: the chunk of column 99 reaches column 103
+SENTINEL = 7.0
+GARBAGE = 0x7F  # a chunk's bytes past N: 0x7f7f is a large bf16, never a product here
+CHUNK = 16
+
+
+class ChunkedStores:
+    """The library's launch entries for the gemm and grouped_masked families. Each launch computes
+    ``product(ptr_a, ptr_b, ...)`` (the test's own float reference, by the pointers it was given)
+    and stores it through C's pointer at the plan's row stride (``plan.problem.c``), rows padded to
+    whole 16-byte chunks; ``counts`` (masked: the rows each group owns) as the kernel reads them."""
+
+    def __init__(self, product, plan_of):
+        self.product, self.plan_of = product, plan_of
+        self.targets = []  # the C pointer of each launch
+        self.run = {"gemm": self._gemm, "grouped_masked": self._masked}
+        self._bufs = {family: ctypes.create_string_buffer(CALL[family].size) for family in self.run}
+
+    def call_buffer(self, family):
+        return self._bufs[family]
+
+    def init(self, index):
+        return 0
+
+    def load(self, index, device):
+        return 0
+
+    def _store(self, base: int, lead: int, rows: torch.Tensor) -> None:
+        """Rows of bf16 values at ``base`` + r * ``lead`` elements, each in whole 16-byte chunks."""
+        data = rows.to(torch.bfloat16).contiguous()
+        row_bytes = data.shape[-1] * 2
+        chunked = -(-row_bytes // CHUNK) * CHUNK
+        for r in range(data.shape[0]):
+            ctypes.memmove(base + r * lead * 2, data[r].data_ptr(), row_bytes)
+            ctypes.memset(base + r * lead * 2 + row_bytes, GARBAGE, chunked - row_bytes)
+
+    def _gemm(self, block, buf):
+        pa, pb, pc, *_ = CALL["gemm"].unpack(bytes(buf))
+        self.targets.append(pc)
+        self._store(pc, self.plan_of(block).problem.c.lead, self.product(pa, pb))
+        return 0
+
+    def _masked(self, block, buf):
+        pa, pb, pc, prows, *_ = CALL["grouped_masked"].unpack(bytes(buf))
+        self.targets.append(pc)
+        problem = self.plan_of(block).problem
+        counts = (ctypes.c_int32 * problem.groups).from_address(prows)
+        products = self.product(pa, pb)  # (G, M_max, N)
+        for g in range(problem.groups):
+            self._store(pc + g * problem.c.batch * 2, problem.c.lead, products[g, :max(0, min(counts[g], problem.m))])
+        return 0
+
+
+def _on_device_zero(t, name: str):
+    """``describe`` of the test's host tensors as of a GPU's: device 0."""
+    return dataclasses.replace(describe(t, name), device=0)
+
+
+@dataclasses.dataclass
+class Host:
+    bundle: Bundle
+    plans: dict  # the plans the calls made, by id of their block, for the stand-in library to read
+
+    def library(self, product) -> ChunkedStores:
+        lib = ChunkedStores(product, lambda block: self.plans[id(block)])
+        self.bundle._lib = lib
+        return lib
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    """A bundle of a bf16 and an e4m3 tn kernel and a masked grouped bf16 kernel that runs host tensors
+    on the stand-in library: the planner sees device 0, the stream is a constant."""
+    masked = kernel_record(1, "grouped_masked_tn_64x128", (64, 128, 64), schedule="pingpong")
+    masked = dataclasses.replace(masked, config=dataclasses.replace(masked.config, family="grouped_masked"))
+    kernels = (kernel_record(0, "gemm_tn_128x128", (128, 128, 64)), masked,
+               kernel_record(2, "gemm_e4m3_tn_128x128", (128, 128, 128), dtypes=("e4m3", "e4m3", "f32", "bf16")))
+    bundle = Bundle(tmp_path, manifest(kernels),
+                    device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132, "NVIDIA H200", 143156))
+    real_plan, real_plan_grouped, plans = bundle.plan, grouped_module.plan_grouped, {}
+
+    def plan(*args, **kwargs):
+        made = real_plan(*args, **kwargs)
+        plans[id(made.block)] = made
+        return made
+
+    def plan_grouped(*args, **kwargs):
+        made = real_plan_grouped(*args, **kwargs)
+        plans[id(made.block)] = made
+        return made
+
+    monkeypatch.setattr(bundle, "plan", plan)
+    monkeypatch.setattr(grouped_module, "plan_grouped", plan_grouped)
+    monkeypatch.setattr(run, "raw_stream", lambda device: 7)
+    for module in (run, run_grouped):
+        monkeypatch.setattr(module, "describe", _on_device_zero)
+        monkeypatch.setattr(module, "stream_handle", lambda stream, device: 7)
+    return Host(bundle, plans)
+
+
+def _view(*lead):
+    """A NaN-filled (*lead, N) column slice of a (*lead, WIDTH) buffer whose other columns hold SENTINEL."""
+    buffer = torch.full((*lead, WIDTH), float("nan"), dtype=torch.bfloat16)
+    buffer[..., N:] = SENTINEL
+    return buffer, buffer[..., :N]
+
+
+def test_a_dense_out_whose_rows_end_short_of_16_bytes_keeps_its_columns_past_n(host):
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randn(40, 64, generator=gen).to(torch.bfloat16)
+    w = torch.randn(N, 64, generator=gen).to(torch.bfloat16)
+    want = a.float() @ w.float().t()
+    lib = host.library(lambda pa, pb: want)
+    buffer, out = _view(40)
+    assert run.run_gemm(host.bundle, a, w.t(), out, None) is out
+    assert len(lib.targets) == 1
+    assert (buffer[:, N:] == SENTINEL).all(), "the chunk past column 99 reached the caller's columns"
+    torch.testing.assert_close(out.float(), want.to(torch.bfloat16).float())
+
+
+def test_a_scaled_out_whose_rows_end_short_of_16_bytes_keeps_its_columns_past_n(host, monkeypatch):
+    # Host scales are on device -1, not the plan's 0; the scales' checks have tests of their own.
+    monkeypatch.setattr(run, "check_tensor_scale", lambda name, scale, device: None)
+    gen = torch.Generator().manual_seed(7)
+    a = torch.randn(24, 128, generator=gen).to(torch.float8_e4m3fn)
+    w = torch.randn(N, 128, generator=gen).to(torch.float8_e4m3fn)
+    scale_a, scale_b = torch.tensor([0.5]), torch.tensor([2.0])
+    want = a.float() @ w.float().t()  # the scales multiply to 1
+    lib = host.library(lambda pa, pb: want)
+    buffer, out = _view(24)
+    assert run.run_scaled_gemm(host.bundle, a, w.t(), scale_a, scale_b, None, out, None, None) is out
+    assert len(lib.targets) == 1
+    assert (buffer[:, N:] == SENTINEL).all(), "the chunk past column 99 reached the caller's columns"
+    torch.testing.assert_close(out.float(), want.to(torch.bfloat16).float())
+
+
+def test_an_out_whose_rows_end_on_16_bytes_is_written_in_place(host):
+    a = torch.randn(8, 64).to(torch.bfloat16)
+    w = torch.randn(96, 64).to(torch.bfloat16)
+    want = a.float() @ w.float().t()
+    lib = host.library(lambda pa, pb: want)
+    out = torch.empty(8, 96, dtype=torch.bfloat16)
+    run.run_gemm(host.bundle, a, w.t(), out, None)
+    assert lib.targets == [out.data_ptr()], "a row of 192 bytes needs no stage"
+    torch.testing.assert_close(out.float(), want.to(torch.bfloat16).float())
+
+
+def test_a_masked_grouped_out_keeps_the_rows_no_group_owns_and_the_columns_past_n(host):
+    groups, slots, k = 3, 8, 64
+    counts = torch.tensor([5, 0, 8], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(6)
+    a = torch.randn(groups, slots, k, generator=gen).to(torch.bfloat16)
+    w = torch.randn(groups, N, k, generator=gen).to(torch.bfloat16)
+    want = a.float() @ w.float().transpose(1, 2)
+    lib = host.library(lambda pa, pb: want)
+    buffer, out = _view(groups, slots)
+    assert run_grouped.run_grouped_gemm(host.bundle, a, w.transpose(1, 2), counts, None, None, out, None,
+                                        masked=True) is out
+    assert len(lib.targets) == 1
+    assert (buffer[..., N:] == SENTINEL).all(), "the chunk past column 99 reached the caller's columns"
+    for g, rows in enumerate(counts.tolist()):
+        torch.testing.assert_close(out[g, :rows].float(), want[g, :rows].to(torch.bfloat16).float())
+        assert out[g, rows:].isnan().all(), f"group {g}: a row it does not own was written"
