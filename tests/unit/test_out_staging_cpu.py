@@ -18,7 +18,7 @@ from tests.records import kernel_record, manifest
 from tilekiln import grouped as grouped_module
 from tilekiln._native import CALL
 from tilekiln._tensors import describe
-from tilekiln._torch import run, run_grouped
+from tilekiln._torch import results, run, run_grouped
 from tilekiln.bundle import Bundle, DeviceInfo
 
 N, WIDTH = 100, 136  # 200-byte rows inside 272-byte ones: the chunk of column 99 reaches column 103
@@ -33,8 +33,8 @@ class ChunkedStores:
     and stores it through C's pointer at the plan's row stride (``plan.problem.c``), rows padded to
     whole 16-byte chunks; ``counts`` (masked: the rows each group owns) as the kernel reads them."""
 
-    def __init__(self, product, plan_of):
-        self.product, self.plan_of = product, plan_of
+    def __init__(self, product, plan_of, buffers):
+        self.product, self.plan_of, self.buffers = product, plan_of, buffers
         self.targets = []  # the C pointer of each launch
         self.run = {"gemm": self._gemm, "grouped_masked": self._masked}
         self._bufs = {family: ctypes.create_string_buffer(CALL[family].size) for family in self.run}
@@ -53,6 +53,11 @@ class ChunkedStores:
         data = rows.to(torch.bfloat16).contiguous()
         row_bytes = data.shape[-1] * 2
         chunked = -(-row_bytes // CHUNK) * CHUNK
+        if len(data):
+            # A store past every buffer the call could hand the kernel fails here, not in the allocator.
+            start, end = base, base + (len(data) - 1) * lead * 2 + chunked
+            assert any(t.untyped_storage().data_ptr() <= start and end <= t.untyped_storage().data_ptr()
+                       + t.untyped_storage().nbytes() for t in self.buffers), "a store past the end of its buffer"
         for r in range(data.shape[0]):
             ctypes.memmove(base + r * lead * 2, data[r].data_ptr(), row_bytes)
             ctypes.memset(base + r * lead * 2 + row_bytes, GARBAGE, chunked - row_bytes)
@@ -84,8 +89,10 @@ class Host:
     bundle: Bundle
     plans: dict  # the plans the calls made, by id of their block, for the stand-in library to read
 
+    buffers: list  # the outs of the test and the stages the calls made: where a kernel may store
+
     def library(self, product) -> ChunkedStores:
-        lib = ChunkedStores(product, lambda block: self.plans[id(block)])
+        lib = ChunkedStores(product, lambda block: self.plans[id(block)], self.buffers)
         self.bundle._lib = lib
         return lib
 
@@ -100,7 +107,7 @@ def host(tmp_path, monkeypatch):
                kernel_record(2, "gemm_e4m3_tn_128x128", (128, 128, 128), dtypes=("e4m3", "e4m3", "f32", "bf16")))
     bundle = Bundle(tmp_path, manifest(kernels),
                     device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132, "NVIDIA H200", 143156))
-    real_plan, real_plan_grouped, plans = bundle.plan, grouped_module.plan_grouped, {}
+    real_plan, real_plan_grouped, plans, buffers = bundle.plan, grouped_module.plan_grouped, {}, []
 
     def plan(*args, **kwargs):
         made = real_plan(*args, **kwargs)
@@ -114,11 +121,16 @@ def host(tmp_path, monkeypatch):
 
     monkeypatch.setattr(bundle, "plan", plan)
     monkeypatch.setattr(grouped_module, "plan_grouped", plan_grouped)
+    def stage_for(out, stream, keep=False):
+        buffers.extend((out, results.stage_for(out, stream, keep)))
+        return buffers[-1]
+
     monkeypatch.setattr(run, "raw_stream", lambda device: 7)
     for module in (run, run_grouped):
         monkeypatch.setattr(module, "describe", _on_device_zero)
         monkeypatch.setattr(module, "stream_handle", lambda stream, device: 7)
-    return Host(bundle, plans)
+        monkeypatch.setattr(module, "stage_for", stage_for)
+    return Host(bundle, plans, buffers)
 
 
 def _view(*lead):
