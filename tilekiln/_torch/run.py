@@ -26,6 +26,8 @@ from tilekiln.errors import LaunchError, NoKernelError
 from tilekiln.problem import addmm_request
 
 _pack_call = CALL["gemm"].pack_into  # the gemm family's call block
+# run_gemm reads the raw stream through this module's own binding of streams.raw_stream (one global
+# look-up on the hot path); stream_handle and current_stream read streams'.
 
 # The requests of the scale formats whose scales are tensors checked by shape and strides (the
 # per-tensor default requests nothing; its scales are one element each).
