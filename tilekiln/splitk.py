@@ -6,9 +6,10 @@ tiles: 64 CTAs). Split S ways, the problem becomes the batched problem
 (M, N, K/S, batch S): slice s of A and of B is a view starting s*K/S along
 K, given to the kernel as its batch stride (nothing is copied), and its
 result is plane s of an fp32 workspace. The planes are then added in plane
-order (``torch.sum`` over the first dimension, which uses no atomics) and
-rounded once into ``out``, so the result does not depend on how CTAs were
-scheduled. fp8 kernels apply the per-tensor scales to each partial; scaling
+order in fp32 (``torch.sum`` over the first dimension, which uses no atomics)
+and the sum rounded once into ``out`` (a second kernel where ``out`` is
+narrower than fp32: a sum into it would round every plane first), so the
+result does not depend on how CTAs were scheduled. fp8 kernels apply the per-tensor scales to each partial; scaling
 is linear, so the planes sum to the scaled product.
 
 Only torch callers get split plans: the sum runs through torch.

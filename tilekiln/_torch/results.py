@@ -27,6 +27,11 @@ def allocate(shape: tuple[int, ...], k: int, dtype: torch.dtype, device) -> torc
     return torch.empty_strided(shape, result_strides(shape, k, dtype.itemsize), dtype=dtype, device=device)
 
 
+def partials(shape: tuple[int, ...], device) -> Tensor:
+    """The fp32 workspace a split-K plan's K slices write (tilekiln/splitk.py), a plane per slice."""
+    return torch.empty(shape, dtype=torch.float32, device=device)
+
+
 def stage_for(out: Tensor, stream, keep: bool = False) -> Tensor:
     """What the kernel writes in place of ``out``: ``out`` itself, or a buffer of tilekiln's at
     ``out``'s strides (a copy of it where ``keep``: a grouped call leaves rows no group owns as they

@@ -15,7 +15,7 @@ from torch import Tensor
 from tilekiln._native import CALL
 from tilekiln._tensors import describe, torch_dtype_token
 from tilekiln._torch.epilogue import SCALED_RESULTS, apply_unfused
-from tilekiln._torch.results import allocate, fusable_residual, result_dtype, stage_for, unstage
+from tilekiln._torch.results import allocate, fusable_residual, partials, result_dtype, stage_for, unstage
 from tilekiln._torch.scales import (check_block_kernels, check_float_pointers, check_rowwise_scales, check_tensor_scale,
                                     scale_signature)
 from tilekiln._torch.streams import current_stream, on_stream, raw_stream, stream_handle
@@ -221,12 +221,18 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
 
 
 def _split_k(bundle, plan, a, b, out, stream, scale_a: int = 0, scale_b: int = 0):
-    """Launch the plan's K slices into an fp32 workspace, then add the planes in order into ``out``."""
+    """Launch the plan's K slices into an fp32 workspace, then add the planes in order in fp32 and
+    round the sum once into ``out``."""
     device = plan.problem.device
     with on_stream(stream, device):
         run = plan.run
-        work = torch.empty(run.out_shape, dtype=torch.float32, device=out.device)
+        work = partials(run.out_shape, out.device)
         bundle.launch(plan, a.data_ptr(), b.data_ptr(), work.data_ptr(), current_stream(device), scale_a, scale_b)
-        # One kernel: fp32 sums over the planes, rounded once into out's dtype.
-        torch.sum(work[..., :run.n], dim=0, out=out if out.dim() == 2 else out[0])
+        planes, target = work[..., :run.n], out if out.dim() == 2 else out[0]
+        if target.dtype == torch.float32:
+            torch.sum(planes, dim=0, out=target)
+        else:
+            # A second kernel: torch.sum into a narrower out reduces in out's type, rounding every
+            # plane to it before adding (measured: bf16 planes of magnitude 64 summed 2.0 off).
+            target.copy_(planes.sum(dim=0))
     return out
