@@ -220,11 +220,9 @@ def estimate(kernel: KernelRecord, problem: GemmProblem, resident: int, model: M
 def split_cost(problem: GemmProblem, split: int, model: ModelParams = DEFAULT_MODEL) -> float:
     """What running ``problem`` as ``split`` K slices adds to the slices' own estimate: the
     launch of the ordered sum and the fp32 partials it reads (tilekiln/splitk.py), spread over
-    the device like the sum itself; a result narrower than fp32 adds the pass that rounds the
-    fp32 sum into it (a launch, and one more plane read)."""
-    passes = 1 if problem.out_dtype == PARTIAL_DTYPE else 2
-    return (passes * model.launch_us * model.sm_macs_per_us * mma_rate(problem)
-            + (split + passes - 1) * problem.m * problem.n * model.partial_element)
+    the device like the sum itself."""
+    return (model.launch_us * model.sm_macs_per_us * mma_rate(problem)
+            + split * problem.m * problem.n * model.partial_element)
 
 
 def mma_rate(problem: GemmProblem) -> float:

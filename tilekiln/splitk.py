@@ -7,9 +7,9 @@ tiles: 64 CTAs). Split S ways, the problem becomes the batched problem
 K, given to the kernel as its batch stride (nothing is copied), and its
 result is plane s of an fp32 workspace. The planes are then added in plane
 order in fp32 (``torch.sum`` over the first dimension, which uses no atomics)
-and the sum rounded once into ``out`` (a second kernel where ``out`` is
-narrower than fp32: a sum into it would round every plane first), so the
-result does not depend on how CTAs were scheduled. fp8 kernels apply the per-tensor scales to each partial; scaling
+and the sum rounded once into ``out`` (by a copy where ``out`` is narrower
+than fp32: a sum into it would copy every plane into its type first, rounding
+each), so the result does not depend on how CTAs were scheduled. fp8 kernels apply the per-tensor scales to each partial; scaling
 is linear, so the planes sum to the scaled product.
 
 Only torch callers get split plans: the sum runs through torch.

@@ -232,7 +232,8 @@ def _split_k(bundle, plan, a, b, out, stream, scale_a: int = 0, scale_b: int = 0
         if target.dtype == torch.float32:
             torch.sum(planes, dim=0, out=target)
         else:
-            # A second kernel: torch.sum into a narrower out reduces in out's type, rounding every
-            # plane to it before adding (measured: bf16 planes of magnitude 64 summed 2.0 off).
+            # torch.sum into a narrower out reduces in out's type: it copies every plane into it
+            # first (ATen's make_reduction_from_out_ty), a rounding per plane (bf16 planes of
+            # magnitude 64 summed 2.0 off) and a second kernel anyway; this second kernel rounds once.
             target.copy_(planes.sum(dim=0))
     return out
