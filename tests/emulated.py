@@ -27,8 +27,9 @@ STORED = {"bf16": torch.bfloat16, "f32": torch.float32}
 
 class HostLibrary:
     """The launch entries of the gemm, grouped and grouped_masked families. A launch stores
-    ``product(plan)`` (the test's reference: (M, N); a split plan's (S, M, N) partial products; the
-    stand-in reads no operand memory) through its C pointer at the plan's strides; a grouped launch
+    ``product(plan)`` (the test's reference: (M, N), or (L, M, N) for a batch; a split plan's
+    (S, M, N) partial products; the stand-in reads no operand memory) through its C pointer at the
+    plan's strides; a grouped launch
     stores the rows each group owns as the kernel reads them through ``offs`` (cumulative row ends)
     or ``masked_m`` (rows per group). A store that would leave every buffer in ``buffers`` fails."""
 
@@ -69,11 +70,11 @@ class HostLibrary:
         problem = plan.run if plan.split > 1 else plan.problem
         dtype = STORED[problem.out_dtype]
         values = self.product(plan)
-        if plan.split == 1:
-            self._store(pc, problem.c.lead, values, dtype)
+        if problem.batch == 1:  # a folded batch's rows are one matrix's
+            self._store(pc, problem.c.lead, values.reshape(-1, values.shape[-1]), dtype)
             return 0
-        for s in range(plan.split):
-            self._store(pc + s * problem.c.batch * dtype.itemsize, problem.c.lead, values[s], dtype)
+        for entry in range(problem.batch):  # a batch entry, or a split plan's K slice
+            self._store(pc + entry * problem.c.batch * dtype.itemsize, problem.c.lead, values[entry], dtype)
         return 0
 
     def _grouped(self, block, buf):

@@ -60,6 +60,23 @@ def test_a_dense_out_whose_rows_end_short_of_16_bytes_keeps_its_columns_past_n(h
     torch.testing.assert_close(out.float(), want.to(torch.bfloat16).float())
 
 
+@pytest.mark.parametrize("b_batched", [False, True], ids=["folded", "batched"])
+def test_a_batched_out_whose_rows_end_short_of_16_bytes_keeps_its_columns_past_n(host, b_batched):
+    """A 3-D a against one b (the batch folded into one matrix's rows) or a b per batch entry."""
+    gen = torch.Generator().manual_seed(10)
+    a = torch.randn(2, 24, 64, generator=gen).to(torch.bfloat16)
+    w = torch.randn(*((2,) if b_batched else ()), N, 64, generator=gen).to(torch.bfloat16)
+    want = a.float() @ w.float().transpose(-1, -2)
+    lib = host.library(lambda plan: want)
+    buffer, out = _view(2, 24)
+    assert run.run_gemm(host.bundle, a, w.transpose(-1, -2), out, None) is out
+    (plan,) = host.plans.values()
+    assert (plan.problem.fold_batch, plan.problem.batch) == ((False, 2) if b_batched else (True, 1))
+    assert len(lib.targets) == 1
+    assert _kept(buffer), "the chunk past column 99 reached the caller's columns"
+    torch.testing.assert_close(out.float(), want.to(torch.bfloat16).float())
+
+
 def test_a_scaled_out_whose_rows_end_short_of_16_bytes_keeps_its_columns_past_n(host, monkeypatch):
     # Host scales are on device -1, not the plan's 0; the scales' checks have tests of their own.
     monkeypatch.setattr(run, "check_tensor_scale", lambda name, scale, device: None)
