@@ -49,19 +49,29 @@ class HostLibrary:
         return 0
 
     def _store(self, base: int, lead: int, rows: torch.Tensor, dtype: torch.dtype) -> None:
-        """Rows of ``dtype`` values at ``base`` + r * ``lead`` elements, each in whole 16-byte chunks."""
+        """Rows of ``dtype`` values at ``base`` + r * ``lead`` elements, each in whole 16-byte chunks.
+
+        The last row's chunk may end past its buffer's last element, but not past the next 16-byte
+        boundary: a CUDA allocation starts 16-byte aligned (the caching allocator rounds blocks to
+        512 bytes), so that tail is the buffer's own slack on a GPU. Here the tail past the host
+        buffer is checked, not written (it would be the host heap's)."""
         data = rows.to(dtype).contiguous()
         size = data.element_size()
         row_bytes = data.shape[-1] * size
         chunked = -(-row_bytes // CHUNK) * CHUNK
-        if len(data):
-            # A store past every buffer the call could hand the kernel fails here, not in the allocator.
-            start, end = base, base + (len(data) - 1) * lead * size + chunked
-            assert any(t.untyped_storage().data_ptr() <= start and end <= t.untyped_storage().data_ptr()
-                       + t.untyped_storage().nbytes() for t in self.buffers), "a store past the end of its buffer"
+        if not len(data):
+            return
+        start, end = base, base + (len(data) - 1) * lead * size + chunked
+        owner = next((t for t in self.buffers if t.untyped_storage().data_ptr() <= start
+                      and end <= -(-(t.untyped_storage().data_ptr() + t.untyped_storage().nbytes()) // CHUNK) * CHUNK),
+                     None)
+        # A store past every buffer the call could hand the kernel fails here, not in the allocator.
+        assert owner is not None, "a store past the end of its buffer"
+        limit = owner.untyped_storage().data_ptr() + owner.untyped_storage().nbytes()
         for r in range(data.shape[0]):
-            ctypes.memmove(base + r * lead * size, data[r].data_ptr(), row_bytes)
-            ctypes.memset(base + r * lead * size + row_bytes, GARBAGE, chunked - row_bytes)
+            row = base + r * lead * size
+            ctypes.memmove(row, data[r].data_ptr(), row_bytes)
+            ctypes.memset(row + row_bytes, GARBAGE, max(0, min(chunked, limit - row) - row_bytes))
 
     def _gemm(self, block, buf):
         pc = CALL["gemm"].unpack(bytes(buf))[2]
@@ -109,7 +119,7 @@ class Host:
 
     bundle: Bundle
     plans: dict  # the plans the calls made, by id of their block, for the stand-in to read
-    buffers: list  # where a launch may store: the outs given, the stages and workspaces the calls made
+    buffers: list  # where a launch may store: the outs given, the results, stages and workspaces made
 
     def library(self, product) -> HostLibrary:
         lib = HostLibrary(product, lambda block: self.plans[id(block)], self.buffers)
@@ -124,8 +134,8 @@ def _on_device_zero(t, name: str):
 
 def host_bundle(directory: Path, monkeypatch, kernels: tuple[KernelRecord, ...]) -> Host:
     """A bundle of ``kernels`` on a simulated H200 whose torch calls take host tensors: the planner
-    sees device 0, every stream handle is a constant, and the stages and split-K workspaces the
-    calls allocate are recorded as buffers a launch may store into."""
+    sees device 0, every stream handle is a constant, and the results, stages and split-K
+    workspaces the calls allocate are recorded as buffers a launch may store into."""
     bundle = Bundle(directory, manifest(kernels),
                     device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132, "NVIDIA H200", 143156))
     real_plan, real_plan_grouped, plans, buffers = bundle.plan, grouped_module.plan_grouped, {}, []
@@ -145,6 +155,10 @@ def host_bundle(directory: Path, monkeypatch, kernels: tuple[KernelRecord, ...])
         buffers.append(results.partials(shape, device))
         return buffers[-1]
 
+    def allocate(shape, k, dtype, device):
+        buffers.append(results.allocate(shape, k, dtype, device))
+        return buffers[-1]
+
     monkeypatch.setattr(bundle, "plan", recorded(real_plan))
     monkeypatch.setattr(grouped_module, "plan_grouped", recorded(real_plan_grouped))
     monkeypatch.setattr(run, "raw_stream", lambda device: 7)
@@ -154,4 +168,5 @@ def host_bundle(directory: Path, monkeypatch, kernels: tuple[KernelRecord, ...])
         monkeypatch.setattr(module, "describe", _on_device_zero)
         monkeypatch.setattr(module, "stream_handle", lambda stream, device: 7)
         monkeypatch.setattr(module, "stage_for", stage_for)
+        monkeypatch.setattr(module, "allocate", allocate)
     return Host(bundle, plans, buffers)

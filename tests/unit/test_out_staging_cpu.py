@@ -93,6 +93,26 @@ def test_a_scaled_out_whose_rows_end_short_of_16_bytes_keeps_its_columns_past_n(
     torch.testing.assert_close(out.float(), want.to(torch.bfloat16).float())
 
 
+def test_an_epilogue_no_kernel_fuses_is_applied_by_torch_into_the_out_and_keeps_its_columns_past_n(host):
+    """The bundle's kernels add no bias: the GEMM runs into tilekiln's own result, then torch adds the
+    bias and applies the activation in fp32 into out, one rounding."""
+    from tilekiln.problem import requested_epilogue
+
+    gen = torch.Generator().manual_seed(11)
+    a = torch.randn(16, 64, generator=gen).to(torch.bfloat16)
+    w = torch.randn(N, 64, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(N, generator=gen)
+    product = a.float() @ w.float().t()
+    lib = host.library(lambda plan: product)
+    buffer, out = _view(16)
+    requested = requested_epilogue(bias="f32", activation="relu")
+    assert run.run_gemm(host.bundle, a, w.t(), out, None, None, requested, bias) is out
+    assert len(lib.targets) == 1 and lib.targets != [out.data_ptr()]
+    assert _kept(buffer), "a column past N was written"
+    want = torch.relu(product.to(torch.bfloat16).float() + bias)
+    torch.testing.assert_close(out.float(), want.to(torch.bfloat16).float())
+
+
 def test_an_out_whose_rows_end_on_16_bytes_is_written_in_place(host):
     a = torch.randn(8, 64).to(torch.bfloat16)
     w = torch.randn(96, 64).to(torch.bfloat16)
