@@ -36,7 +36,8 @@ class HostLibrary:
     def __init__(self, product, plan_of, buffers):
         self.product, self.plan_of, self.buffers = product, plan_of, buffers
         self.targets = []  # the C pointer of each launch
-        self.run = {"gemm": self._gemm, "grouped": self._grouped, "grouped_masked": self._masked}
+        self.run = {"gemm": self._gemm, "grouped": self._grouped,
+                    "grouped_masked": lambda block, buf: self._grouped(block, buf, masked=True)}
         self._bufs = {family: ctypes.create_string_buffer(CALL[family].size) for family in self.run}
 
     def call_buffer(self, family):
@@ -87,29 +88,20 @@ class HostLibrary:
             self._store(pc + entry * problem.c.batch * dtype.itemsize, problem.c.lead, values[entry], dtype)
         return 0
 
-    def _grouped(self, block, buf):
-        pc, prows = CALL["grouped"].unpack(bytes(buf))[2:4]
+    def _grouped(self, block, buf, masked: bool = False):
+        pc, prows = CALL["grouped_masked" if masked else "grouped"].unpack(bytes(buf))[2:4]
         self.targets.append(pc)
         plan = self.plan_of(block)
         problem, dtype = plan.problem, STORED[plan.problem.out_dtype]
-        ends = (ctypes.c_int32 * problem.groups).from_address(prows)
-        product, start, lead = self.product(plan), 0, problem.c.lead
+        table = (ctypes.c_int32 * problem.groups).from_address(prows)  # masked_m, or offs (row ends)
+        product, start = self.product(plan), 0  # (G, M_max, N) masked, else (total_M, N)
         for g in range(problem.groups):
-            end = max(start, min(ends[g], problem.m))
-            self._store(pc + start * lead * dtype.itemsize, lead, product[start:end], dtype)
-            start = end
-        return 0
-
-    def _masked(self, block, buf):
-        pc, prows = CALL["grouped_masked"].unpack(bytes(buf))[2:4]
-        self.targets.append(pc)
-        plan = self.plan_of(block)
-        problem, dtype = plan.problem, STORED[plan.problem.out_dtype]
-        counts = (ctypes.c_int32 * problem.groups).from_address(prows)
-        product = self.product(plan)  # (G, M_max, N)
-        for g in range(problem.groups):
-            owned = max(0, min(counts[g], problem.m))
-            self._store(pc + g * problem.c.batch * dtype.itemsize, problem.c.lead, product[g, :owned], dtype)
+            if masked:
+                rows, at = product[g, :max(0, min(table[g], problem.m))], g * problem.c.batch
+            else:
+                end = max(start, min(table[g], problem.m))
+                rows, at, start = product[start:end], start * problem.c.lead, end
+            self._store(pc + at * dtype.itemsize, problem.c.lead, rows, dtype)
         return 0
 
 
