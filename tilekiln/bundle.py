@@ -80,6 +80,10 @@ ClusterQuery = Callable[[KernelRecord, int], int]
 
 
 PLAN_CACHE_LIMIT = 16384
+# What to do where out='s row stride is what no kernel takes (an N whose rows are not 16 bytes).
+_OUT_ROWS_HINT = ("\nhint: the kernels store out's rows 16 bytes apart (TMA); pass an out whose rows are padded, "
+                  "e.g. torch.empty(M, L, dtype=...)[:, :N] with L * element size a multiple of 16, or leave out "
+                  "to tilekiln, which returns such a view")
 # Why loading a kernel planned on the oversized carveout fails where the glue's first request does.
 _OVERSIZED_HINT = ("; the kernel needs {} B of shared memory per CTA, more than the opt-in limit, and is loaded "
                    "on the oversized carveout: that needs a driver that knows the function attribute "
@@ -351,8 +355,9 @@ class Bundle:
         else:
             choice, unfused = self.choose(problem, kernel, allow_split), ()
         if choice.kernel is None:
+            hint = _OUT_ROWS_HINT if any(c.reason.startswith("alignment: out") for c in choice.candidates) else ""
             raise NoKernelError(f"bundle {self.name} has no kernel for {problem.dtype} "
-                                f"{list(a.shape)} @ {list(b.shape)}:\n{choice}")
+                                f"{list(a.shape)} @ {list(b.shape)}:\n{choice}{hint}")
         if choice.split > 1 and not allow_split:
             raise TypeError(f"kernel={kernel!r}: split-K runs sum their partials through torch; "
                             "pass torch tensors")

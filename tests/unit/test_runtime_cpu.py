@@ -247,6 +247,17 @@ def test_no_kernel_lists_every_rejection(tmp_path):
     assert issubclass(NoKernelError, ValueError)
 
 
+def test_an_out_whose_rows_no_kernel_stores_says_how_to_pad_them(tmp_path):
+    bundle = Bundle(tmp_path, manifest(KERNELS[:1]),
+                    device_query=lambda ordinal: DeviceInfo(ordinal, (9, 0), 132, "NVIDIA H200", 143156))
+    a, b = op("a", (64, 256)), op("b", (256, 100), (1, 256))
+    with pytest.raises(NoKernelError, match=r"(?s)alignment: out leading stride 100 .*hint: .*\[:, :N\]"):
+        bundle.plan(a, b, op("out", (64, 100)))
+    with pytest.raises(NoKernelError) as other:
+        bundle.plan(op("a", (64, 256), dtype="f16"), op("b", (256, 100), (1, 256), dtype="f16"), None)
+    assert "hint" not in str(other.value), "the hint is for an out the kernels cannot store"
+
+
 # -- zero JIT ------------------------------------------------------------------------------------
 
 def test_runtime_imports_without_build_dependencies():
