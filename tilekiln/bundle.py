@@ -80,7 +80,7 @@ ClusterQuery = Callable[[KernelRecord, int], int]
 
 
 PLAN_CACHE_LIMIT = 16384
-# What to do where out='s row stride is what no kernel takes (an N whose rows are not 16 bytes).
+# The fix NoKernelError names where every kernel refuses out='s row stride (rows not 16 bytes apart).
 _OUT_ROWS_HINT = ("\nhint: the kernels store out's rows 16 bytes apart (TMA); pass an out whose rows are padded, "
                   "e.g. torch.empty(M, L, dtype=...)[:, :N] with L * element size a multiple of 16, or leave out "
                   "to tilekiln, which returns such a view")
