@@ -72,6 +72,9 @@ class Plan:
     # The trailing requested fields (GemmProblem.requested) the kernel does not compute: the torch
     # path applies them after it, unfused, e.g. (("activation", "silu"),) after a bias kernel.
     unfused: tuple[tuple[str, object], ...] = ()
+    # The call's out= is what no kernel stores (the torch path, tilekiln/_torch/run.py): this plan is
+    # the one without out, whose result torch then copies into out.
+    via_result: bool = False
 
 
 DeviceQuery = Callable[[int], DeviceInfo]
@@ -80,10 +83,17 @@ ClusterQuery = Callable[[KernelRecord, int], int]
 
 
 PLAN_CACHE_LIMIT = 16384
-# The fix NoKernelError names where every kernel refuses out='s row stride (rows not 16 bytes apart).
-_OUT_ROWS_HINT = ("\nhint: the kernels store out's rows 16 bytes apart (TMA); pass an out whose rows are padded, "
-                  "e.g. torch.empty(M, L, dtype=...)[:, :N] with L * element size a multiple of 16, or leave out "
-                  "to tilekiln, which returns such a view")
+
+
+def out_rows_hint(choice: Choice) -> str:
+    """The fix a NoKernelError names where a kernel refused out='s row stride (rows not 16 bytes apart)."""
+    if not any(c.reason.startswith("alignment: out") for c in choice.candidates):
+        return ""
+    return ("\nhint: the kernels store out's rows 16 bytes apart (TMA); pass an out whose rows are padded, e.g. "
+            "torch.empty(M, L, dtype=...)[:, :N] with L * element size a multiple of 16, or leave out to "
+            "tilekiln, which returns such a view")
+
+
 # Why loading a kernel planned on the oversized carveout fails where the glue's first request does.
 _OVERSIZED_HINT = ("; the kernel needs {} B of shared memory per CTA, more than the opt-in limit, and is loaded "
                    "on the oversized carveout: that needs a driver that knows the function attribute "
@@ -355,9 +365,8 @@ class Bundle:
         else:
             choice, unfused = self.choose(problem, kernel, allow_split), ()
         if choice.kernel is None:
-            hint = _OUT_ROWS_HINT if any(c.reason.startswith("alignment: out") for c in choice.candidates) else ""
             raise NoKernelError(f"bundle {self.name} has no kernel for {problem.dtype} "
-                                f"{list(a.shape)} @ {list(b.shape)}:\n{choice}{hint}")
+                                f"{list(a.shape)} @ {list(b.shape)}:\n{choice}{out_rows_hint(choice)}")
         if choice.split > 1 and not allow_split:
             raise TypeError(f"kernel={kernel!r}: split-K runs sum their partials through torch; "
                             "pass torch tensors")

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from tilekiln._native import CALL, NativeLibrary
 from tilekiln._tensors import Operand
-from tilekiln.bundle import raise_misaligned
+from tilekiln.bundle import out_rows_hint, raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
 from tilekiln.problem import GemmProblem, Layout2, gated, padded_lead
 from tilekiln.select import Choice, choose_fused
@@ -290,7 +290,8 @@ def plan_grouped(bundle, problem: GroupedProblem, kernel: str | None = None,
     choice, unfused = choose_grouped_fused(bundle, problem, kernel)
     if choice.kernel is None:
         raise NoKernelError(f"bundle {bundle.name} has no {problem.family} kernel for {problem.dtype} "
-                            f"(M {problem.m}, N {problem.n}, K {problem.k}, G {problem.groups}):\n{choice}")
+                            f"(M {problem.m}, N {problem.n}, K {problem.k}, G {problem.groups}):\n{choice}"
+                            f"{out_rows_hint(choice)}")
     k = choice.kernel
     bundle._ensure_ready(k.index, problem.device)
     clusters = bundle.resident_clusters(k, problem.device)

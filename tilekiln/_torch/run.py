@@ -9,19 +9,21 @@ workspace that torch sums in order.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor
 
 from tilekiln._native import CALL
 from tilekiln._tensors import describe, torch_dtype_token
-from tilekiln._torch.epilogue import SCALED_RESULTS, apply_unfused
+from tilekiln._torch.epilogue import SCALED_RESULTS, VALUE_INDEX, add_residual, apply_unfused
 from tilekiln._torch.results import allocate, fusable_residual, partials, result_dtype, stage_for, unstage
 from tilekiln._torch.scales import (check_block_kernels, check_float_pointers, check_rowwise_scales, check_tensor_scale,
                                     scale_signature)
 from tilekiln._torch.streams import current_stream, on_stream, raw_stream, stream_handle
 from tilekiln.blockscaled import check_block_operands, check_block_scale_tensors, check_scale_pointers, requested_format
 from tilekiln.blockwise import check_scales
-from tilekiln.bundle import NEUTRAL_VALUES, Bundle, raise_misaligned
+from tilekiln.bundle import NEUTRAL_VALUES, Bundle, Plan, raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
 from tilekiln.problem import addmm_request
 
@@ -36,6 +38,23 @@ _ROWWISE = ("scaling", "rowwise")
 
 # What addmm asks for when alpha or beta change the result (tilekiln/problem.py, addmm_request).
 _ALPHA_BETA = ("scalars", "alphabeta")
+
+
+def through_result(exc: ValueError, out: Tensor | None, plan_without_out) -> Plan:
+    """The plan without ``out`` (``plan_without_out()``), marked ``via_result``, where planning with
+    ``out`` raised ``exc`` and only ``out``'s layout was in the way (its rows not 16 bytes apart, or
+    column-major, as torch.matmul's out= allows): ``out`` has the shape, dtype and device of that
+    plan's result. Else ``exc`` again, which names what is wrong."""
+    if out is None:
+        raise exc
+    try:
+        plan = plan_without_out()
+    except ValueError:
+        raise exc from None
+    problem, op = plan.problem, describe(out, "out")
+    if (op.shape, op.dtype, op.device) != (problem.out_shape, problem.out_dtype, problem.device):
+        raise exc
+    return dataclasses.replace(plan, via_result=True)
 
 
 def addmm_plan(input: Tensor, mat1: Tensor, mat2: Tensor, beta: float, alpha: float, target: Tensor
@@ -109,9 +128,21 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
                requested, out.shape, out.stride(), out.dtype, out.get_device())
     plan = bundle._plans.get(key)
     if plan is None:
-        plan = bundle.plan(describe(a, "a"), describe(b, "b"), None if out is None else describe(out, "out"),
-                           kernel, allow_split=True, requested=requested)
+        try:
+            plan = bundle.plan(describe(a, "a"), describe(b, "b"), None if out is None else describe(out, "out"),
+                               kernel, allow_split=True, requested=requested)
+        except ValueError as exc:
+            plan = through_result(exc, out, lambda: bundle.plan(describe(a, "a"), describe(b, "b"), None, kernel,
+                                                                allow_split=True, requested=requested))
         bundle.remember(key, plan)
+    if plan.via_result:
+        # out's rows are what no kernel stores: the call as without out, then torch writes out (adding
+        # a residual, which the caller checked at out's strides, where the kernel could not read it).
+        kept = tuple(r for r in requested if r[0] != "residual")
+        y = run_gemm(bundle, a, b, None, stream, kernel, kept, bias, None, values)
+        with on_stream(stream, a.get_device()):
+            out.copy_(y if residual is None else add_residual(y, residual, values[VALUE_INDEX["beta"]]))
+        return out
     if plan.unfused:
         fused = tuple(r for r in requested if r not in plan.unfused)
         if out is None:
@@ -173,10 +204,15 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
         scale_strides = check_scales(a, b, scale_a, scale_b) if blockwise else ()
         if rowwise:
             check_rowwise_scales(a, b, scale_a, scale_b)
-        try:
-            plan = bundle.plan(a_op, b_op, None if out is None else describe(out, "out"),
-                               kernel, torch_dtype_token(out_dtype), allow_split=not fp8_result,
+        def plan_for(out_op):
+            return bundle.plan(a_op, b_op, out_op, kernel, torch_dtype_token(out_dtype), allow_split=not fp8_result,
                                requested=requested, scale_strides=scale_strides)
+
+        try:
+            try:
+                plan = plan_for(None if out is None else describe(out, "out"))
+            except ValueError as exc:
+                plan = through_result(exc, out, lambda: plan_for(None))
         except NoKernelError as exc:
             if not rowwise:
                 raise
@@ -191,6 +227,12 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
             for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
                 check_tensor_scale(name, scale, plan.problem.device)
         bundle.remember(key, plan)
+    if plan.via_result:  # out's rows are what no kernel stores: the call as without out, then a copy
+        y = run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, None, stream, kernel, requested, bias,
+                            scale_result)
+        with on_stream(stream, a.get_device()):
+            out.copy_(y)
+        return out
     if plan.unfused:
         fused = tuple(r for r in requested if r not in plan.unfused)
         if out is None:
