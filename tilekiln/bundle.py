@@ -73,7 +73,8 @@ class Plan:
     # path applies them after it, unfused, e.g. (("activation", "silu"),) after a bias kernel.
     unfused: tuple[tuple[str, object], ...] = ()
     # The call's out= is what no kernel stores (the torch path, tilekiln/_torch/run.py): this plan is
-    # the one without out, whose result torch then copies into out.
+    # the one without out, whose result torch finishes into out (applying ``unfused``, which then
+    # holds a requested residual too).
     via_result: bool = False
 
 

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from tilekiln._native import CALL
 from tilekiln._tensors import describe, torch_dtype_token
-from tilekiln._torch.epilogue import SCALED_RESULTS, VALUE_INDEX, add_residual, apply_unfused
+from tilekiln._torch.epilogue import SCALED_RESULTS, apply_unfused
 from tilekiln._torch.results import allocate, fusable_residual, partials, result_dtype, stage_for, unstage
 from tilekiln._torch.scales import (check_block_kernels, check_float_pointers, check_rowwise_scales, check_tensor_scale,
                                     scale_signature)
@@ -44,7 +44,10 @@ def through_result(exc: ValueError, out: Tensor | None, plan_without_out) -> Pla
     """The plan without ``out`` (``plan_without_out()``), marked ``via_result``, where planning with
     ``out`` raised ``exc`` and only ``out``'s layout was in the way (its rows not 16 bytes apart, or
     column-major, as torch.matmul's out= allows): ``out`` has the shape, dtype and device of that
-    plan's result. Else ``exc`` again, which names what is wrong."""
+    plan's result. The call then runs as an unfused one (Plan.unfused) into a result of tilekiln's,
+    which torch finishes into ``out``; a requested residual joins what torch applies, since the
+    caller checked it at ``out``'s strides, where no kernel reads it. Else ``exc`` again, which
+    names what is wrong."""
     if out is None:
         raise exc
     try:
@@ -54,7 +57,8 @@ def through_result(exc: ValueError, out: Tensor | None, plan_without_out) -> Pla
     problem, op = plan.problem, describe(out, "out")
     if (op.shape, op.dtype, op.device) != (problem.out_shape, problem.out_dtype, problem.device):
         raise exc
-    return dataclasses.replace(plan, via_result=True)
+    residual = tuple(r for r in problem.requested if r[0] == "residual" and r not in plan.unfused)
+    return dataclasses.replace(plan, via_result=True, unfused=plan.unfused + residual)
 
 
 def addmm_plan(input: Tensor, mat1: Tensor, mat2: Tensor, beta: float, alpha: float, target: Tensor
@@ -128,22 +132,17 @@ def run_gemm(bundle: Bundle, a: Tensor, b: Tensor, out: Tensor | None, stream, k
                requested, out.shape, out.stride(), out.dtype, out.get_device())
     plan = bundle._plans.get(key)
     if plan is None:
+        a_op, b_op = describe(a, "a"), describe(b, "b")
+
+        def plan_for(out_op):
+            return bundle.plan(a_op, b_op, out_op, kernel, allow_split=True, requested=requested)
+
         try:
-            plan = bundle.plan(describe(a, "a"), describe(b, "b"), None if out is None else describe(out, "out"),
-                               kernel, allow_split=True, requested=requested)
+            plan = plan_for(None if out is None else describe(out, "out"))
         except ValueError as exc:
-            plan = through_result(exc, out, lambda: bundle.plan(describe(a, "a"), describe(b, "b"), None, kernel,
-                                                                allow_split=True, requested=requested))
+            plan = through_result(exc, out, lambda: plan_for(None))
         bundle.remember(key, plan)
-    if plan.via_result:
-        # out's rows are what no kernel stores: the call as without out, then torch writes out (adding
-        # a residual, which the caller checked at out's strides, where the kernel could not read it).
-        kept = tuple(r for r in requested if r[0] != "residual")
-        y = run_gemm(bundle, a, b, None, stream, kernel, kept, bias, None, values)
-        with on_stream(stream, a.get_device()):
-            out.copy_(y if residual is None else add_residual(y, residual, values[VALUE_INDEX["beta"]]))
-        return out
-    if plan.unfused:
+    if plan.unfused or plan.via_result:
         fused = tuple(r for r in requested if r not in plan.unfused)
         if out is None:
             # A result torch finishes is allocated as a fused one would be (and as the fakes say):
@@ -227,18 +226,12 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
             for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
                 check_tensor_scale(name, scale, plan.problem.device)
         bundle.remember(key, plan)
-    if plan.via_result:  # out's rows are what no kernel stores: the call as without out, then a copy
-        y = run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, None, stream, kernel, requested, bias,
-                            scale_result)
-        with on_stream(stream, a.get_device()):
-            out.copy_(y)
-        return out
-    if plan.unfused:
+    if plan.unfused or plan.via_result:
         fused = tuple(r for r in requested if r not in plan.unfused)
         if out is None:
             out = allocate(plan.problem.out_shape, plan.problem.k, out_dtype, a.device)
         return apply_unfused(plan, run_scaled_gemm(bundle, a, b, scale_a, scale_b, out_dtype, None, stream, kernel,
-                                                    fused, bias), out, stream, bias)
+                                                    fused, bias, scale_result), out, stream, bias)
     given = out is not None  # only a caller's out can have row padding that is not tilekiln's
     if out is None:
         out = allocate(plan.problem.out_shape, plan.problem.k, out_dtype, a.device)
