@@ -198,6 +198,21 @@ def check_pinned(bundle, s: dict, pinned: tuple[str, ...]) -> None:
                              f"relative error {err} on {len(rows)} rows")
 
 
+def timed_blocks(per_set: list[dict], sides: tuple[str, ...], iters: int, settle_ms: float, what: str) -> dict:
+    """Each side's ms per call in four blocks, the sides interleaved, call i on operand set i mod the
+    sets (``per_set``: each set's calls by side, from :func:`calls` or :func:`grouped_calls`)."""
+    timers = {side: block_timer(lambda i, side=side: per_set[i % len(per_set)][side](), iters, settle_ms, True,
+                                f"{what} {side}") for side in sides}
+    times = {side: [] for side in sides}
+    for block in range(4):
+        # Rotate the order so each side follows each other side alike (three sides: shifts 0, 1, 2,
+        # 0; more: spread over the four blocks, a quarter of the sides apart).
+        shift = (block * len(sides) + 3) // 4 % len(sides)
+        for side in sides[shift:] + sides[:shift]:
+            times[side].append(timers[side]())
+    return times
+
+
 def run(args) -> dict:
     bundle = tilekiln.load(args.bundle)
     shapes = deepseek_suite() + ([] if args.deepseek_only else shape_suite())
@@ -235,15 +250,7 @@ def run(args) -> dict:
             flops = 2 * m * n * k
             per_set = [calls(bundle, s, pinned) for s in sets]
             iters = block_launches(flops)
-            timers = {side: block_timer(lambda i, side=side: per_set[i % len(per_set)][side](), iters,
-                                        args.settle_ms, True, f"{m}x{n}x{k} {side}") for side in sides}
-            times = {side: [] for side in sides}
-            for block in range(4):
-                # Rotate the order so each side follows each other side alike (three sides: shifts 0,
-                # 1, 2, 0; more: spread over the four blocks, a quarter of the sides apart).
-                shift = (block * len(sides) + 3) // 4 % len(sides)
-                for side in sides[shift:] + sides[:shift]:
-                    times[side].append(timers[side]())
+            times = timed_blocks(per_set, sides, iters, args.settle_ms, f"{m}x{n}x{k}")
             for side in sides:
                 rows[(m, n, k)][side].append(flops / statistics.median(times[side]) / 1e9)
             r = rows[(m, n, k)]
@@ -254,7 +261,7 @@ def run(args) -> dict:
             for kid in pinned:
                 print(f"      {kid:66s} {r[kid][-1]:7.1f}  vs tensor {r[kid][-1] / r['tensor'][-1]:.3f}  "
                       f"vs bf16 {r[kid][-1] / r['bf16'][-1]:.3f}", flush=True)
-            sets = per_set = timers = None  # free the operands (and graphs) before the next shape
+            sets = per_set = None  # free the operands before the next shape (the graphs went with timed_blocks)
     results = []
     for (m, n, k), r in rows.items():
         med = {side: statistics.median(r[side]) for side in sides}
@@ -397,20 +404,14 @@ def run_grouped(args) -> dict:
             flops = 2 * total * n * k
             per_set = [grouped_calls(bundle, x) for x in sets]
             iters = block_launches(flops)
-            timers = {side: block_timer(lambda i, side=side: per_set[i % len(per_set)][side](), iters,
-                                        args.settle_ms, True, f"{what} {side}") for side in SIDES}
-            times = {side: [] for side in SIDES}
-            for block in range(4):
-                shift = block % len(SIDES)
-                for side in SIDES[shift:] + SIDES[:shift]:
-                    times[side].append(timers[side]())
+            times = timed_blocks(per_set, SIDES, iters, args.settle_ms, what)
             row = rows[index]
             for side in SIDES:
                 row["runs"][side].append(round(flops / statistics.median(times[side]) / 1e9, 1))
             r = row["runs"]
             print(f"rep {rep} {what:32s} blockwise {r['blockwise'][-1]:7.1f}  tensor {r['tensor'][-1]:7.1f}  "
                   f"bf16 {r['bf16'][-1]:7.1f}  vs tensor {r['blockwise'][-1] / r['tensor'][-1]:.3f}", flush=True)
-            s = sets = per_set = timers = None  # free the operands (and graphs) before the next shape
+            s = sets = per_set = None  # free the operands before the next shape (the graphs went with timed_blocks)
     for row in rows:
         key = (row["layout"], row["groups"], row["rows_per_group"], row["n"], row["k"])
         med = {side: statistics.median(row["runs"][side]) for side in SIDES}
