@@ -160,23 +160,27 @@ class Scaling(str, enum.Enum):
 BLOCKWISE_BLOCK = 128
 
 
-def blockwise_b_blocks(tile_n: int) -> int:
-    """The B scale blocks one blockwise tile's columns span: one where tile N divides the block; two
-    where it is a multiple of half a block up to two blocks (tile N 192: a tile starts at column 0
-    or 64 of a block and ends in the next), split at a multiple of 64 columns; 0 for any other tile
-    N, which rule BLOCKWISE refuses."""
+def blockwise_b_blocks(tile_m: int, tile_n: int, swap_ab: bool = False) -> int:
+    """The B scale blocks one blockwise tile spans along the problem's N: one where the tile's extent
+    there divides the block; unswapped, two where tile N is a multiple of half a block up to two
+    blocks (tile N 192: a tile starts at column 0 or 64 of a block and ends in the next), split at a
+    multiple of 64 columns; 0 for any other extent, which rule BLOCKWISE refuses. A swapped kernel's
+    tile M runs along N, and its promotion takes one B scale for all its rows, so only a tile M that
+    divides the block serves."""
+    if swap_ab:
+        return 1 if BLOCKWISE_BLOCK % tile_m == 0 else 0
     if BLOCKWISE_BLOCK % tile_n == 0:
         return 1
     return 2 if tile_n % (BLOCKWISE_BLOCK // 2) == 0 and tile_n <= 2 * BLOCKWISE_BLOCK else 0
 
 
-def blockwise_partials(tile_n: int) -> int:
+def blockwise_partials(tile_m: int, tile_n: int, swap_ab: bool = False) -> int:
     """The fp32 partial sums a blockwise kernel's consumer holds beside its accumulator. Two where a
     tile lies in one B scale block: one K block's WGMMAs write one while the other is promoted. One
     where it spans two (tile N 192): three sets of 96 registers would not fit the 232 a consumer
     thread gets, so each block's WGMMAs finish before their promotion, which the other consumer
     warpgroup's WGMMAs overlap (rule REGISTER-BUDGET counts the sets)."""
-    return 2 if blockwise_b_blocks(tile_n) == 1 else 1
+    return 2 if blockwise_b_blocks(tile_m, tile_n, swap_ab) == 1 else 1
 
 
 class Bias(str, enum.Enum):

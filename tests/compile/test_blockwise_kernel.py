@@ -5,7 +5,8 @@ The SASS shows the scheme: each K block's WGMMAs start from a zero accumulator (
 and the next block's WGMMAs are in flight while the previous one is promoted
 (``WARPGROUP.DEPBAR.LE gsb0, 0x1``: wait until at most one group runs), no block's WGMMAs wait
 for a scale's global load, and there are no local-memory spills even at 192 accumulator
-registers of 232. The launch runs against the recording stand-in of
+registers of 232. A swapped kernel (the tokens along the MMA's N) promotes each column with its
+own A scale and reads one B scale per K block. The launch runs against the recording stand-in of
 tests/compile/test_launch_record.py.
 """
 
@@ -29,11 +30,20 @@ CATALOG = sm90_catalog("""\
     cluster: [1, 1]
   - tile: [128, 192, 128]
     cluster: [1, 1]
+  - tile: [64, 16, 128]
+    cluster: [4, 1]
+    swap_ab: true
+  - tile: [64, 64, 128]
+    cluster: [2, 1]
+    swap_ab: true
 """, dtypes="{a: e4m3, b: e4m3, acc: f32, c: bf16}", layout="tn", scaling="blockwise")
 COOPERATIVE = "gemm_sm90_e4m3_e4m3_f32_bf16_tn_128x128x128_c2x1_blockwise"
 PINGPONG = "gemm_sm90_e4m3_e4m3_f32_bf16_tn_64x128x128_c1x1_pingpong_blockwise"
 # Two B scale blocks per tile, one partial sum (tilekiln/spec.py, blockwise_partials).
 WIDE = "gemm_sm90_e4m3_e4m3_f32_bf16_tn_128x192x128_c1x1_blockwise"
+# Swapped: 64 rows of B (within one 128-row scale block) by 16 or 64 tokens.
+SWAPPED = {"gemm_sm90_e4m3_e4m3_f32_bf16_tn_64x16x128_c4x1_swapab_blockwise": 16,
+           "gemm_sm90_e4m3_e4m3_f32_bf16_tn_64x64x128_c2x1_swapab_blockwise": 64}
 # A K block is 4 WGMMAs of K 32; the mainloop issues blocks at four places (the first block, the
 # two of the loop body taking blocks in pairs, the odd last one).
 BLOCK_SITES, WGMMAS_PER_BLOCK = 4, 4
@@ -77,10 +87,11 @@ def built(tmp_path_factory):
 
 
 def test_each_block_starts_fresh_and_overlaps_the_previous_promotion(built):
-    assert {r.kernel_id for r in built.records} == {COOPERATIVE, PINGPONG, WIDE}
+    assert {r.kernel_id for r in built.records} == {COOPERATIVE, PINGPONG, WIDE, *SWAPPED}
     for record in (r for r in built.records if r.kernel_id != WIDE):
         sass = disassemble(record.cubin)
-        wgmmas = re.findall(r"QGMMA\.64x128x32\.F32\.E4M3\.E4M3 (R\d+), gdesc\[UR\d+\], (\w+)", sass)
+        mma_n = SWAPPED.get(record.kernel_id, 128)
+        wgmmas = re.findall(rf"QGMMA\.64x{mma_n}x32\.F32\.E4M3\.E4M3 (R\d+), gdesc\[UR\d+\], (\w+)", sass)
         assert len(wgmmas) == BLOCK_SITES * WGMMAS_PER_BLOCK, record.kernel_id
         fresh = [dst for dst, src in wgmmas if src == "RZ"]
         assert len(fresh) == BLOCK_SITES, "one zero-initialised WGMMA per K block"
@@ -105,6 +116,24 @@ def test_a_tile_over_two_b_blocks_promotes_each_block_once_done(built):
     assert record.info.local_bytes == 0 and not record.info.spills
     # Two accumulator sets fit (rule REGISTER-BUDGET's model).
     assert 2 * values <= max(int(r) for r in re.findall(r"\bR(\d+)\b", sass)) < record.ctx.plan.consumer_regs
+
+
+def test_a_swapped_tile_promotes_each_column_with_its_own_a_scale(built):
+    """Swapped, a thread's accumulator values lie in tile_n / 4 columns (two per 8-column group)
+    and two row halves: each promotion multiplies tile_n / 4 column scales by the one B scale and
+    adds each of the tile_n / 2 values with one FFMA, and each K block reads those scales and the
+    B scale with tile_n / 4 + 1 loads. The mainloop has five promotion sites (two in the loop
+    that takes blocks in pairs, two after an odd count, one after an even one) and four sites
+    that read a block's scales."""
+    for kernel_id, tile_n in SWAPPED.items():
+        (record,) = [r for r in built.records if r.kernel_id == kernel_id]
+        sass = disassemble(record.cubin)
+        values = record.ctx.plan.acc_regs_per_thread
+        assert values == tile_n // 2
+        ffma, ldg = len(re.findall(r"\bFFMA\b", sass)), len(re.findall(r"\bLDG\.E\b", sass))
+        assert ffma == 5 * values, kernel_id
+        assert ldg == BLOCK_SITES * (tile_n // 4 + 1), kernel_id
+        assert record.info.local_bytes == 0 and not record.info.spills
 
 
 def test_no_block_waits_for_a_scale_load_before_its_wgmmas(built):
@@ -133,7 +162,7 @@ def test_the_issue_check_finds_a_load_read_before_the_wgmmas():
 
 def test_a_blockwise_plan_launches_through_the_glue(built, tmp_path):
     recorded = Recorded(built, link_recording_library(built, tmp_path / "lib"), tmp_path)
-    for kernel_id in (COOPERATIVE, PINGPONG, WIDE):
+    for kernel_id in (COOPERATIVE, PINGPONG, WIDE, *SWAPPED):
         ctx = recorded.records[kernel_id].ctx
         recorded.configure(recorded.records[kernel_id].info.static_smem_bytes,
                            ctx.facts.require("smem_per_block_optin"))

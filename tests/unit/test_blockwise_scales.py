@@ -158,8 +158,16 @@ def test_blockwise_kernel_ids_round_trip():
     (192, 2, 1), (256, 2, 1),  # two blocks, split at 64 or 128 columns: one partial sum
     (96, 0, 1), (320, 0, 1)])  # split at 32 or 96, or three blocks: rule BLOCKWISE refuses them
 def test_the_b_scale_blocks_a_tile_spans_decide_its_partial_sums(tile_n, b_blocks, partials):
-    assert blockwise_b_blocks(tile_n) == b_blocks
-    assert blockwise_partials(tile_n) == partials
+    assert blockwise_b_blocks(128, tile_n) == b_blocks
+    assert blockwise_partials(128, tile_n) == partials
+
+
+@pytest.mark.parametrize("tile_m, tile_n, b_blocks", [
+    (64, 16, 1), (64, 64, 1), (128, 32, 1), (128, 192, 1),  # tile M along N, within one block
+    (192, 16, 0), (256, 64, 0), (96, 32, 0)])  # rows over two blocks: rule BLOCKWISE refuses them
+def test_a_swapped_tile_takes_its_b_scale_blocks_along_its_rows(tile_m, tile_n, b_blocks):
+    assert blockwise_b_blocks(tile_m, tile_n, swap_ab=True) == b_blocks
+    assert blockwise_partials(tile_m, tile_n, swap_ab=True) == (2 if b_blocks else 1)
 
 
 def test_every_origin_of_a_two_block_tile_splits_at_64_or_128():

@@ -150,7 +150,7 @@ def check_registers(ctx: KernelContext) -> Iterator[Diagnostic]:
     # Blockwise scaling holds the main accumulator and its partial sums (tilekiln/spec.py,
     # blockwise_partials).
     cfg = ctx.entry.config
-    sets = 1 + blockwise_partials(cfg.tile.n) if cfg.scaling is Scaling.BLOCKWISE else 1
+    sets = 1 + blockwise_partials(cfg.tile.m, cfg.tile.n, cfg.swap_ab) if cfg.scaling is Scaling.BLOCKWISE else 1
     if sets > 1:
         # The blockwise 128x128 cooperative kernels' consumers use up to R227 of 232 (c2x1), 192 of them
         # accumulators, with no spills (nvidia-cutlass-dsl 4.8.1): the promotion loop needs less

@@ -174,16 +174,19 @@ def check_blockwise(ctx: KernelContext) -> Iterator[Diagnostic]:
         yield ctx.diag("BLOCKWISE", "tile", f"tile K {cfg.tile.k} is not the scale block of {block}: each pipeline "
                        "stage's partial sum is promoted with one K block's scales",
                        f"use tile K {block}", tile_k=cfg.tile.k, scale_block=block)
-    if not blockwise_b_blocks(cfg.tile.n):
-        yield ctx.diag("BLOCKWISE", "tile", f"tile N {cfg.tile.n} neither divides the scale block of {block} nor "
-                       f"is a multiple of {block // 2} up to {2 * block}, so a tile's columns would not split "
-                       "between at most two B scale blocks at a multiple of 64", "use tile N 64, 128 or 192",
-                       tile_n=cfg.tile.n, scale_block=block)
-    if cfg.layout.code != "tn" or cfg.swap_ab:
-        yield ctx.diag("BLOCKWISE", "layout" if cfg.layout.code != "tn" else "swap_ab",
-                       f"blockwise scaling reads A (M, K) and B (N, K) both K-major, unswapped; got layout "
-                       f"{cfg.layout.code}{' with swap_ab' if cfg.swap_ab else ''}",
-                       "use layout tn without swap_ab", layout=cfg.layout.code, swap_ab=cfg.swap_ab)
+    if not blockwise_b_blocks(cfg.tile.m, cfg.tile.n, cfg.swap_ab):
+        if cfg.swap_ab:
+            yield ctx.diag("BLOCKWISE", "tile", f"tile M {cfg.tile.m} of a swapped kernel runs along N and does not "
+                           f"divide the scale block of {block}, so a tile's rows would take more than one B scale",
+                           "use tile M 64 or 128", tile_m=cfg.tile.m, scale_block=block)
+        else:
+            yield ctx.diag("BLOCKWISE", "tile", f"tile N {cfg.tile.n} neither divides the scale block of {block} "
+                           f"nor is a multiple of {block // 2} up to {2 * block}, so a tile's columns would not "
+                           "split between at most two B scale blocks at a multiple of 64",
+                           "use tile N 64, 128 or 192", tile_n=cfg.tile.n, scale_block=block)
+    if cfg.layout.code != "tn":
+        yield ctx.diag("BLOCKWISE", "layout", f"blockwise scaling reads A (M, K) and B (N, K) both K-major; got "
+                       f"layout {cfg.layout.code}", "use layout tn", layout=cfg.layout.code)
 
 
 # The outputs a bias kernel writes: the epilogue adds the bias to the scaled fp32 accumulator
