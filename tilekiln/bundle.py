@@ -36,7 +36,7 @@ from tilekiln.signing import require_signature, trust_for
 from tilekiln.spec import FAMILIES, KernelRecord
 from tilekiln.problem import GemmProblem, make_problem
 from tilekiln.select import Choice, choose, choose_fused, nominal_clusters
-from tilekiln.splitk import SPLITS, parse_label
+from tilekiln.splitk import SPLITS, parse_label, sliced_scale_strides
 from tilekiln.tuning.sku import TablePick, pick_table
 from tilekiln.tuning.table import overlay_tables, read_tuning_file
 
@@ -378,6 +378,8 @@ class Bundle:
         family = k.family
         strides = tuple(s for t in family.tensors for s in (getattr(run, t.name).lead, getattr(run, t.name).batch))
         scales = scale_strides or (0,) * (2 * len(family.scales))
+        if scale_strides and choice.split > 1:
+            scales = sliced_scale_strides(family, scale_strides, run.k)
         static = (*strides, *scales, *(run.extent(e) for e in family.extents), clusters)
         return Plan(problem, choice.label, NativeLibrary.plan_block(family, k.index, problem.device, static),
                     choice.split, run, family.name, k.contract.base_alignment - 1, unfused)

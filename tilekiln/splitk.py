@@ -9,8 +9,9 @@ result is plane s of an fp32 workspace. The planes are then added in plane
 order in fp32 (``torch.sum`` over the first dimension, which uses no atomics)
 and the sum rounded once into ``out`` (by a copy where ``out`` is narrower
 than fp32: a sum into it would copy every plane into its type first, rounding
-each), so the result does not depend on how CTAs were scheduled. fp8 kernels apply the per-tensor scales to each partial; scaling
-is linear, so the planes sum to the scaled product.
+each), so the result does not depend on how CTAs were scheduled. fp8 kernels apply the per-tensor scales to each partial,
+and a blockwise slice promotes its own K blocks with their scales; scaling is linear, so the planes
+sum to the scaled product.
 
 Only torch callers get split plans: the sum runs through torch.
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tilekiln.problem import GemmProblem, Layout2, padded_lead
-from tilekiln.spec import itemsize
+from tilekiln.spec import BLOCKWISE_BLOCK, Family, itemsize
 
 # Seven and fourteen slices serve the K of 7 x 2^k that LLM widths share (DeepSeek-V3's 7168,
 # Llama's 14336 and 28672), which no power of two divides into enough slices.
@@ -48,13 +49,19 @@ def parse_label(text: str) -> tuple[str, int]:
 
 
 def sliced(problem: GemmProblem, split: int) -> GemmProblem | None:
-    """The batched problem over ``split`` K slices writing fp32 partials, or None if it cannot be split."""
-    # A requested epilogue (a bias, an activation) belongs to the sum, not to each partial.
-    if problem.batch != 1 or problem.fold_batch or problem.out_dtype == PARTIAL_DTYPE or problem.requested:
+    """The batched problem over ``split`` K slices writing fp32 partials, or None if it cannot be split.
+    A scale format the call asks for (blockwise) stays asked of each slice: scales apply per K block
+    in the mainloop and linearly, so the scaled partials sum to the scaled product; each slice of a
+    blockwise call starts on a scale block."""
+    # A requested epilogue (a bias, an activation, a residual) belongs to the sum, not to each partial.
+    if problem.batch != 1 or problem.fold_batch or problem.out_dtype == PARTIAL_DTYPE or any(
+            name != "scaling" for name, _ in problem.requested):
         return None
     if problem.k % split or problem.k // split < MIN_SLICE_K:
         return None
     kc = problem.k // split
+    if ("scaling", "blockwise") in problem.requested and kc % BLOCKWISE_BLOCK:
+        return None
     lead = padded_lead(problem.n, itemsize(PARTIAL_DTYPE))  # 16-byte rows for TMA
     if split * problem.m * lead * itemsize(PARTIAL_DTYPE) > MAX_WORKSPACE_BYTES:
         return None
@@ -65,3 +72,17 @@ def sliced(problem: GemmProblem, split: int) -> GemmProblem | None:
     return replace(problem, out_dtype=PARTIAL_DTYPE, k=kc, batch=split,
                    a=slice_of(problem.a, problem.a.major == "k"), b=slice_of(problem.b, problem.b.major == "k"),
                    c=Layout2("n", lead, problem.m * lead), out_shape=(split, problem.m, lead))
+
+
+def sliced_scale_strides(family: Family, strides: tuple[int, ...], slice_k: int) -> tuple[int, ...]:
+    """A split plan's blockwise scale strides: each scale's (lead, batch) plan strides (``strides``,
+    two per scale of ``family``, in order) with the batch stride moved to one K slice (``slice_k``
+    elements, slice_k / 128 scale blocks along the scale's K-block extent), so slice s reads the
+    scales of its own K blocks as batch entry s."""
+    out = []
+    for i, scale in enumerate(family.scales):
+        lead = strides[2 * i]
+        # The two strides are the non-unit dimensions', in order: the lead one, then the batch.
+        kb_stride = 1 if scale.blocks[scale.unit] == "kb" else lead
+        out += [lead, slice_k // BLOCKWISE_BLOCK * kb_stride]
+    return tuple(out)

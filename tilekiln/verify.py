@@ -7,7 +7,7 @@ shapes: tails in every dimension, K not a multiple of the tile, a batch,
 one large problem. Inputs are drawn from a seed taken from the operating
 system and recorded. Outputs are poisoned with NaN first, so an element the
 kernel leaves unwritten fails. The fp32-result kernels run as split-K (bf16)
-and, for fp8, straight into a float32 result. Blockwise-scaled kernels run
+and, for fp8 (blockwise too), straight into a float32 result. Blockwise-scaled kernels run
 on inputs quantized by ``quantize_fp8_blockwise`` (K rounded up to a multiple
 of 128), against the product of the dequantized inputs (grouped ones on the grouped routings,
 each group's weight quantized on its own); row-wise-scaled ones on
@@ -187,6 +187,17 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
     if cfg.family != "gemm":
         yield from _grouped_runs(torch, bundle, kernel, gen, dtype, out_dtype, (scale_a, scale_b) if fp8 else None)
         return
+    blockwise, rowwise = cfg.scaling is Scaling.BLOCKWISE, cfg.scaling is Scaling.ROWWISE
+    if cfg.dtypes.c.value == "f32" and blockwise:
+        # Split-K partials: each slice promotes its own scale blocks; and a float32 result.
+        for m, n, k, split in SPLIT_SHAPES:
+            a8, w8, sa, sb, ref = _blockwise_operands(torch, m, n, k, gen)
+            pin = f"{kernel.id}/splitk{split}"
+            yield f"{pin} {m}x{n}x{k}", scaled(a8, w8.t(), pin=pin, scales=(sa, sb)), ref
+            out = _poisoned(torch, (m, n), torch.float32)
+            scaled(a8, w8.t(), out, out_dtype=torch.float32, scales=(sa, sb))
+            yield f"{kernel.id} {m}x{n}x{k} -> f32", out, ref
+        return
     if cfg.dtypes.c.value == "f32" and not requested:
         for m, n, k, split in SPLIT_SHAPES:
             a = _matrix(torch, m, k, cfg.layout.a_k_major, 1, dtype, gen)[0]
@@ -201,7 +212,6 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
             else:
                 yield f"{pin} {m}x{n}x{k}", gemm(a, b, pin=pin), epilogue(a.double() @ b.double())
         return
-    blockwise, rowwise = cfg.scaling is Scaling.BLOCKWISE, cfg.scaling is Scaling.ROWWISE
     pair = 2 * GLU_BLOCK if cfg.activation.gated else 1
     block_format = _block_format(cfg)
     for batch, m, n, k in SHAPES:
@@ -211,14 +221,10 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
         if (fp8 or block_format is not None) and batch != 1:
             continue  # scaled GEMMs are 2-D, as torch._scaled_mm's
         if blockwise:
-            from tilekiln.blockwise import dequantize, quantize_fp8_blockwise
-
-            k, rows, blocks = -(-k // BLOCKWISE_BLOCK) * BLOCKWISE_BLOCK, (1, BLOCKWISE_BLOCK), (BLOCKWISE_BLOCK,) * 2
-            a8, sa = quantize_fp8_blockwise(torch.randn(m, k, device="cuda", generator=gen), rows)
-            w8, sb = quantize_fp8_blockwise(torch.randn(n, k, device="cuda", generator=gen), blocks)
+            k = -(-k // BLOCKWISE_BLOCK) * BLOCKWISE_BLOCK
+            a8, w8, sa, sb, ref = _blockwise_operands(torch, m, n, k, gen)
             out = _poisoned(torch, (m, out_n), torch.bfloat16)
             scaled(a8, w8.t(), out, scales=(sa, sb))
-            ref = dequantize(a8, sa, rows) @ dequantize(w8, sb, blocks).t()
             yield f"{kernel.id} {m}x{n}x{k}", out, epilogue(ref)
             continue
         if block_format is not None:
@@ -271,6 +277,18 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
                 ref = epilogue(a.double() @ b.double())
                 gemm(a, b, residual)  # in place: each element is read before it is written
                 yield f"{what} in place", residual, ref
+
+
+def _blockwise_operands(torch, m: int, n: int, k: int, gen):
+    """(a8, w8, scale_a, scale_b, float64 reference) of a blockwise call: a (M, K) and a weight (N, K),
+    K a multiple of 128, quantized by ``quantize_fp8_blockwise``, against the product of the
+    dequantized inputs."""
+    from tilekiln.blockwise import dequantize, quantize_fp8_blockwise
+
+    rows, blocks = (1, BLOCKWISE_BLOCK), (BLOCKWISE_BLOCK,) * 2
+    a8, sa = quantize_fp8_blockwise(torch.randn(m, k, device="cuda", generator=gen), rows)
+    w8, sb = quantize_fp8_blockwise(torch.randn(n, k, device="cuda", generator=gen), blocks)
+    return a8, w8, sa, sb, dequantize(a8, sa, rows) @ dequantize(w8, sb, blocks).t()
 
 
 def _block_format(cfg) -> str | None:

@@ -57,10 +57,11 @@ def _quantize(x, block, power_of_two=False):
     return tilekiln.quantize_fp8_blockwise(x, block, power_of_two=power_of_two)
 
 
-def _blockwise_kernels(bundle):
+def _blockwise_kernels(bundle, c="bf16"):
     # The dense ones: tests/gpu/test_grouped_blockwise.py runs the grouped ones.
-    kernels = [k for k in bundle.kernels if k.config.scaling.value == "blockwise" and k.config.family == "gemm"]
-    assert kernels, "the bundle has no blockwise kernel"
+    kernels = [k for k in bundle.kernels if k.config.scaling.value == "blockwise" and k.config.family == "gemm"
+               and k.config.dtypes.c.value == c]
+    assert kernels, f"the bundle has no blockwise kernel writing {c}"
     return kernels
 
 
@@ -86,6 +87,37 @@ def test_every_blockwise_kernel_matches_the_dequantized_float64_product(torch, b
                 failures.append(f"{kernel.id} {(m, n, k)}: relative error of the worst row {err:.3g}")
             if not torch.equal(runs[0], runs[1]):
                 failures.append(f"{kernel.id} {(m, n, k)}: two runs differ")
+    assert not failures, "\n".join(failures)
+
+
+# (M, N, K, slices): DeepSeek-V3's kv_a_proj at decode (slices of 512, four scale blocks each), an
+# odd M against slices of 1024, a tail N.
+SPLIT_SHAPES = ((23, 576, 7168, 14), (100, 1536, 7168, 7), (64, 200, 4096, 4))
+
+
+def test_blockwise_split_k_promotes_each_slice_with_its_own_scale_blocks(torch, bundle):
+    """Every blockwise fp32-partial kernel, pinned to a split (the K slices as batch entries, each
+    reading its own columns of scale_a and scale_b), against the float64 product of the dequantized
+    inputs; and straight into a float32 result. The weights' blocks differ in magnitude by up to
+    2^12, so a slice that read another slice's scales would be far off."""
+    from tilekiln.blockwise import dequantize
+
+    failures = []
+    for kernel in _blockwise_kernels(bundle, "f32"):
+        for i, (m, n, k, split) in enumerate(SPLIT_SHAPES):
+            gen = torch.Generator(device="cuda").manual_seed(3600 + 10 * kernel.index + i)
+            a8, sa = _quantize(_outliers(torch, m, k, gen), ROWS)
+            w8, sb = _quantize(_weights(torch, n, k, gen), BLOCKS)
+            ref = dequantize(a8, sa, ROWS) @ dequantize(w8, sb, BLOCKS).t()
+            split_out = bundle.scaled_gemm(a8, w8.t(), sa, sb, kernel=f"{kernel.id}/splitk{split}",
+                                           scale_format="blockwise")
+            fp32 = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+            bundle.scaled_gemm(a8, w8.t(), sa, sb, out=fp32, kernel=kernel.id, scale_format="blockwise")
+            torch.cuda.synchronize()
+            for what, out in (("split", split_out), ("f32", fp32)):
+                err = _row_rel(torch, out, ref, "max")
+                if not err < 1e-2:
+                    failures.append(f"{kernel.id} {what} {(m, n, k, split)}: relative error of the worst row {err:.3g}")
     assert not failures, "\n".join(failures)
 
 

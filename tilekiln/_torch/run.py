@@ -239,8 +239,6 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
         if plan.problem.k == 0:
             out.zero_()
         return out
-    if plan.split > 1:
-        return _split_k(bundle, plan, a, b, out, stream, scale_a.data_ptr(), scale_b.data_ptr())
     pa, pb = scale_a.data_ptr(), scale_b.data_ptr()
     if block_format is not None:
         check_scale_pointers(scale_a, scale_b)
@@ -248,6 +246,8 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
         check_float_pointers(scale_a=scale_a, scale_b=scale_b)
     if fp8_result:
         check_float_pointers(scale_result=scale_result)
+    if plan.split > 1:
+        return _split_k(bundle, plan, a, b, out, stream, pa, pb)
     target = stage_for(out, stream) if given else out
     bundle.launch(plan, a.data_ptr(), b.data_ptr(), target.data_ptr(), stream_handle(stream, plan.problem.device),
                   pa, pb, 0 if bias is None else bias.data_ptr(), 0,

@@ -166,9 +166,10 @@ def check_blockwise(ctx: KernelContext) -> Iterator[Diagnostic]:
     if cfg.scaling is not Scaling.BLOCKWISE:
         return
     d, block = cfg.dtypes, BLOCKWISE_BLOCK
-    if (d.a.value, d.b.value, d.acc.value, d.c.value) != ("e4m3", "e4m3", "f32", "bf16"):
+    # An f32 C holds split-K's partial sums (tilekiln/splitk.py): each K slice promotes its own blocks.
+    if (d.a.value, d.b.value, d.acc.value) != ("e4m3", "e4m3", "f32") or d.c.value not in ("bf16", "f32"):
         yield ctx.diag("BLOCKWISE", "dtypes", f"blockwise scaling takes e4m3 x e4m3 accumulating in f32 with bf16 "
-                       f"output (the DeepSeek-V3 recipe), not {'/'.join(d.tokens)}",
+                       f"output (the DeepSeek-V3 recipe), or f32 (split-K's partial sums), not {'/'.join(d.tokens)}",
                        "use dtypes {a: e4m3, b: e4m3, acc: f32, c: bf16}", dtypes=list(d.tokens))
     if cfg.tile.k != block:
         yield ctx.diag("BLOCKWISE", "tile", f"tile K {cfg.tile.k} is not the scale block of {block}: each pipeline "
