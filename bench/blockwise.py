@@ -67,9 +67,9 @@ SIDES = ("blockwise", "tensor", "bf16")
 # 1536), the dense MLP's up (18432) and down, and an MoE expert's down (K = 2048).
 DEEPSEEK_NK = ((576, 7168), (1536, 7168), (24576, 1536), (18432, 7168), (7168, 18432), (7168, 2048))
 DEEPSEEK_M = (64, 128, 4096, 16384)
-# --all-kernels: the DeepSeek-V3 projections at M 128, 4096 and 16384 (the last reads A from HBM
-# once per pass of the raster walk) and three suite shapes.
-ALL_KERNEL_SHAPES = tuple((m, n, k) for n, k in DEEPSEEK_NK for m in (128, 4096, 16384)) + (
+# --all-kernels: the DeepSeek-V3 projections at M 64 (the swapped decode tiles), 128, 4096 and 16384
+# (the last reads A from HBM once per pass of the raster walk) and three suite shapes.
+ALL_KERNEL_SHAPES = tuple((m, n, k) for n, k in DEEPSEEK_NK for m in (64, 128, 4096, 16384)) + (
     (4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096))
 # DeepGEMM's published dense throughput with these scales (TFLOP/s, by (M, N, K)): the table "Normal
 # GEMMs for dense models" of deepseek-ai/DeepGEMM's README at 327ec92 (2025-04-09, its last with
@@ -218,8 +218,9 @@ def run(args) -> dict:
     shapes = deepseek_suite() + ([] if args.deepseek_only else shape_suite())
     pinned = ()
     if args.all_kernels:
-        pinned = tuple(k.id for k in bundle.kernels
-                       if k.config.scaling.value == "blockwise" and k.config.family == "gemm")
+        # The bf16-result ones; the fp32-partial ones run split, as the selection's side may pick them.
+        pinned = tuple(k.id for k in bundle.kernels if k.config.scaling.value == "blockwise"
+                       and k.config.family == "gemm" and k.config.dtypes.c.value == "bf16")
         if not pinned:
             raise SystemExit(f"bench/blockwise.py: bundle {bundle.name} has no dense blockwise kernel")
         shapes = deepseek_suite() if args.deepseek_only else list(ALL_KERNEL_SHAPES)
