@@ -35,7 +35,7 @@ from tilekiln.manifest import Manifest, Sku, VerifiedBundle, read_bundle
 from tilekiln.signing import require_signature, trust_for
 from tilekiln.spec import FAMILIES, KernelRecord
 from tilekiln.problem import GemmProblem, make_problem
-from tilekiln.select import Choice, choose, choose_fused, nominal_clusters
+from tilekiln.select import Choice, choose, choose_fused, nominal_clusters, refuses_out_rows
 from tilekiln.splitk import SPLITS, parse_label, sliced_scale_strides
 from tilekiln.tuning.sku import TablePick, pick_table
 from tilekiln.tuning.table import overlay_tables, read_tuning_file
@@ -88,7 +88,7 @@ PLAN_CACHE_LIMIT = 16384
 
 def out_rows_hint(choice: Choice) -> str:
     """The fix a NoKernelError names where a kernel refused out='s row stride (rows not 16 bytes apart)."""
-    if not any(c.reason.startswith("alignment: out") for c in choice.candidates):
+    if not any(refuses_out_rows(c) for c in choice.candidates):
         return ""
     return ("\nhint: the kernels store out's rows 16 bytes apart (TMA); pass an out whose rows are padded, e.g. "
             "torch.empty(M, L, dtype=...)[:, :N] with L * element size a multiple of 16, or leave out to "

@@ -110,6 +110,16 @@ def layout_code(problem: GemmProblem) -> str:
     return ("t" if problem.a.major == "k" else "n") + ("n" if problem.b.major == "k" else "t")
 
 
+# How check_kernel begins its refusal of an operand's stride, which refuses_out_rows recognises.
+_ALIGNMENT = "alignment: {}"
+
+
+def refuses_out_rows(candidate: Candidate) -> bool:
+    """Whether :func:`check_kernel` refused ``candidate`` for out's stride (rows or batch entries not
+    a whole number of TMA's 16-byte units apart), a fix in the caller's hands."""
+    return not candidate.accepted and candidate.reason.startswith(_ALIGNMENT.format("out"))
+
+
 def check_kernel(kernel: KernelRecord, problem: GemmProblem) -> str | None:
     """Why ``kernel`` cannot run ``problem``, or None if it can."""
     cfg = kernel.config
@@ -143,7 +153,7 @@ def check_kernel(kernel: KernelRecord, problem: GemmProblem) -> str | None:
     for name, layout, div in (("a", problem.a, div_a), ("b", problem.b, div_b), ("out", problem.c, div_c)):
         for what, stride in (("leading", layout.lead), ("batch", layout.batch)):
             if stride % div:
-                return (f"alignment: {name} {what} stride {stride} is not a multiple of {div} elements "
+                return (f"{_ALIGNMENT.format(name)} {what} stride {stride} is not a multiple of {div} elements "
                         f"({kernel.contract.base_alignment} bytes, needed by TMA)")
     return None
 
