@@ -17,7 +17,7 @@ operand by its largest magnitude; blockwise by each block's.
 
     python3 bench/blockwise.py --bundle artifacts/sm90a --json bench/results/blockwise-<card>-<date>.json
 
-``--all-kernels`` times every dense blockwise kernel of the bundle, each pinned (``kernel=``), as
+``--all-kernels`` times every dense bf16-result blockwise kernel of the bundle, each pinned (``kernel=``), as
 sides of their own beside the selection's pick, per-tensor fp8 and bf16, interleaved in the same
 blocks, so one run tells which kernel wins where. Its shapes (``ALL_KERNEL_SHAPES`` unless
 ``--quick`` or ``--deepseek-only``) are the large DeepSeek-V3 projections and three square-ish

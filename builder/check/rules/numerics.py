@@ -261,7 +261,7 @@ def check_fp8_output(ctx: KernelContext) -> Iterator[Diagnostic]:
                        dtypes=list(d.tokens))
     if cfg.scaling is Scaling.BLOCKWISE:
         yield ctx.diag("FP8-OUTPUT", "scaling", f"blockwise scaling with a {d.c.value} C: a blockwise call "
-                       "(scaled_gemm(scale_format='blockwise')) writes bf16, so no call would run this kernel",
+                       "(scaled_gemm(scale_format='blockwise')) writes bf16 (or f32), so no call would run this kernel",
                        "use scaling: tensor or rowwise", scaling=cfg.scaling.value)
     if cfg.activation.gated:
         yield ctx.diag("FP8-OUTPUT", "activation", f"{cfg.activation.value} with a {d.c.value} C: the gated "
