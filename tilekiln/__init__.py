@@ -266,7 +266,8 @@ def grouped_gemm(a, b, offs, *, scale_a=None, scale_b=None, out=None, bundle=Non
     of a and 128 K (``quantize_fp8_blockwise(a, (1, 128))``), and ``scale_b`` float32 (G, ceil(N/128),
     K/128) with K/128 contiguous, one per group and 128x128 block of the (G, N, K) weight (each expert's
     ``quantize_fp8_blockwise(w[g], (128, 128))``, stacked); each K block's partial sum is promoted with
-    its scales in fp32 (docs/runtime.md, "Blockwise fp8"). Takes torch tensors; not differentiable."""
+    its scales in fp32 (docs/runtime.md, "Blockwise fp8"); without ``scale_format``, scales of exactly
+    these shapes (not row-wise ones) are read as blockwise. Takes torch tensors; not differentiable."""
     fast = _torch_operands(a, b)
     if fast is None:
         raise TypeError("grouped_gemm takes torch tensors (a and b); the operands given are "
@@ -293,7 +294,8 @@ def grouped_gemm_masked(a, b, masked_m, *, scale_a=None, scale_b=None, out=None,
                              scale_format=scale_format)
 
 
-def grouped_swiglu(a, w_gate_up, offs, *, scale_a=None, scale_b=None, out=None, bundle=None, stream=None):
+def grouped_swiglu(a, w_gate_up, offs, *, scale_a=None, scale_b=None, out=None, bundle=None, stream=None,
+                   scale_format=None):
     """An expert MLP's gate_up projection: per group g, ``silu(a_g @ w_gate.T) * (a_g @ w_up.T)``, (total_M,
     I), with ``a`` and ``offs`` as ``grouped_gemm`` takes them and ``w_gate_up`` (G, 2I, K), each expert's
     gate and up rows interleaved in blocks of 64 (``swiglu_weight(w_gate, w_up)`` with (G, I, K) weights).
@@ -301,23 +303,29 @@ def grouped_swiglu(a, w_gate_up, offs, *, scale_a=None, scale_b=None, out=None, 
     where a kernel of the bundle fuses it; otherwise the grouped GEMM, then the product in torch, which
     then writes every row (rows no group owns as zeros; ``explain(a, w_gate_up.transpose(1, 2),
     offs=offs, activation="swiglu")`` says which). fp8 scales as ``grouped_gemm``'s, ``scale_b``'s columns
-    being w_gate_up's rows (G, 2I). Graphs and checks as ``grouped_gemm``."""
+    being w_gate_up's rows (G, 2I); ``scale_format="blockwise"`` (the DeepSeek-V3 recipe) takes
+    ``scale_b`` (G, 2I/128, K/128) of the interleaved weight (each expert's
+    ``quantize_fp8_blockwise(swiglu_weight(w_gate, w_up)[g], (128, 128))``: a 128-row scale block holds
+    one 64-row gate block and its up block). Graphs and checks as ``grouped_gemm``."""
     fast = _torch_operands(a, w_gate_up)
     if fast is None:
         raise TypeError("grouped_swiglu takes torch tensors (a and w_gate_up); the operands given are "
                         f"{type(a).__name__} and {type(w_gate_up).__name__}")
-    return fast.grouped_swiglu(bundle, a, w_gate_up, offs, scale_a, scale_b, out, stream)
+    return fast.grouped_swiglu(bundle, a, w_gate_up, offs, scale_a, scale_b, out, stream,
+                               scale_format=scale_format)
 
 
 def grouped_swiglu_masked(a, w_gate_up, masked_m, *, scale_a=None, scale_b=None, out=None, bundle=None,
-                          stream=None):
+                          stream=None, scale_format=None):
     """``grouped_swiglu`` in the masked layout: a (G, M_max, K), masked_m as ``grouped_gemm_masked`` takes
-    it, out (G, M_max, I), whose rows past each count the fused kernel does not write."""
+    it (and blockwise ``scale_a`` as it does), out (G, M_max, I), whose rows past each count the fused
+    kernel does not write."""
     fast = _torch_operands(a, w_gate_up)
     if fast is None:
         raise TypeError("grouped_swiglu_masked takes torch tensors (a and w_gate_up); the operands given are "
                         f"{type(a).__name__} and {type(w_gate_up).__name__}")
-    return fast.grouped_swiglu(bundle, a, w_gate_up, masked_m, scale_a, scale_b, out, stream, masked=True)
+    return fast.grouped_swiglu(bundle, a, w_gate_up, masked_m, scale_a, scale_b, out, stream, masked=True,
+                               scale_format=scale_format)
 
 
 def explain(a, b, *, out=None, bundle=None, backward=None, activation=None, bias=None, residual=None,

@@ -547,21 +547,22 @@ class Bundle:
                                          scale_format=scale_format)
 
     def grouped_swiglu(self, a, w_gate_up, offs, *, scale_a=None, scale_b=None, out=None, stream=None,
-                       kernel: str | None = None):
+                       kernel: str | None = None, scale_format: str | None = None):
         """``tilekiln.grouped_swiglu`` on this bundle's kernels; ``kernel`` pins one by id."""
         if not (is_torch_tensor(a) and is_torch_tensor(w_gate_up)):
             raise TypeError("grouped_swiglu takes torch tensors (a and w_gate_up); the operands given are "
                             f"{type(a).__name__} and {type(w_gate_up).__name__}")
-        return torch_path().grouped_swiglu(self, a, w_gate_up, offs, scale_a, scale_b, out, stream, kernel)
+        return torch_path().grouped_swiglu(self, a, w_gate_up, offs, scale_a, scale_b, out, stream, kernel,
+                                           scale_format=scale_format)
 
     def grouped_swiglu_masked(self, a, w_gate_up, masked_m, *, scale_a=None, scale_b=None, out=None, stream=None,
-                              kernel: str | None = None):
+                              kernel: str | None = None, scale_format: str | None = None):
         """``tilekiln.grouped_swiglu_masked`` on this bundle's kernels; ``kernel`` pins one by id."""
         if not (is_torch_tensor(a) and is_torch_tensor(w_gate_up)):
             raise TypeError("grouped_swiglu_masked takes torch tensors (a and w_gate_up); the operands given are "
                             f"{type(a).__name__} and {type(w_gate_up).__name__}")
         return torch_path().grouped_swiglu(self, a, w_gate_up, masked_m, scale_a, scale_b, out, stream, kernel,
-                                           masked=True)
+                                           masked=True, scale_format=scale_format)
 
     def launch(self, plan: Plan, pa: int, pb: int, pc: int, stream: int, scale_a: int = 0,
                scale_b: int = 0, bias: int = 0, residual: int = 0, scale_result: int = 0,

@@ -388,15 +388,21 @@ def _grouped_runs(torch, bundle, kernel: KernelRecord, gen, dtype, out_dtype, sc
 def _grouped_blockwise_runs(torch, bundle, kernel: KernelRecord, gen):
     """Runs of a blockwise grouped kernel on the routings of GROUP_ROWS, K rounded up to a multiple of
     the scale block: a's rows and each group's weight quantized by quantize_fp8_blockwise, against the
-    per-group float64 product of the dequantized inputs; rows a masked call must not write are
-    checked to hold the NaN they were poisoned with."""
+    per-group float64 product of the dequantized inputs (a swiglu kernel's with N rounded up to whole
+    gate/up block pairs, paired by torch); rows a masked call must not write are checked to hold the
+    NaN they were poisoned with."""
+    from tilekiln._torch.epilogue import EPILOGUE_ACTIVATIONS
     from tilekiln._torch.run_grouped import run_grouped_gemm
     from tilekiln.blockwise import dequantize, quantize_fp8_blockwise
 
-    masked = kernel.config.family == "grouped_masked"
+    cfg = kernel.config
+    masked, activation = cfg.family == "grouped_masked", cfg.activation.value
+    pair = 2 * GLU_BLOCK if cfg.activation.gated else 1
     rows_block, weight_block = (1, BLOCKWISE_BLOCK), (BLOCKWISE_BLOCK, BLOCKWISE_BLOCK)
     for (n, k), rows in zip(GROUP_NK, GROUP_ROWS):
         k = -(-k // BLOCKWISE_BLOCK) * BLOCKWISE_BLOCK
+        n = -(-n // pair) * pair
+        out_n = n // 2 if cfg.activation.gated else n
         groups, slots = len(rows), max(rows)
         weights = [quantize_fp8_blockwise(torch.randn(n, k, device="cuda", generator=gen), weight_block)
                    for _ in range(groups)]
@@ -406,22 +412,26 @@ def _grouped_blockwise_runs(torch, bundle, kernel: KernelRecord, gen):
             torch.randn(groups * slots if masked else sum(rows), k, device="cuda", generator=gen), rows_block)
         a64 = dequantize(a8, sa, rows_block)
         what = f"{kernel.id} {groups} groups of {'/'.join(map(str, rows))} rows, N {n}, K {k}"
+
+        def product(g, x):
+            return EPILOGUE_ACTIVATIONS[activation](x @ w64[g].t())
+
         if masked:
             # Each group's rows in its own slot of a, and its scales' rows in the same slot.
             a8, a64 = a8.view(groups, slots, k), a64.view(groups, slots, k)
             sa = sa.view(groups, slots, k // BLOCKWISE_BLOCK)
             counts = torch.tensor(rows, dtype=torch.int32, device="cuda")
-            out = _poisoned(torch, (groups, slots, n), torch.bfloat16)
+            out = _poisoned(torch, (groups, slots, out_n), torch.bfloat16)
             run_grouped_gemm(bundle, a8, w8.transpose(1, 2), counts, sa, sb, out, None, kernel.id,
-                             masked=True, scale_format="blockwise")
-            yield what, _masked_rows(torch, out, rows), torch.cat([a64[g, :r] @ w64[g].t() for g, r in enumerate(rows)])
+                             masked=True, activation=activation, scale_format="blockwise")
+            yield what, _masked_rows(torch, out, rows), torch.cat([product(g, a64[g, :r]) for g, r in enumerate(rows)])
         else:
             ends = torch.tensor(rows, device="cuda").cumsum(0).to(torch.int32)
-            out = _poisoned(torch, (sum(rows), n), torch.bfloat16)
+            out = _poisoned(torch, (sum(rows), out_n), torch.bfloat16)
             run_grouped_gemm(bundle, a8, w8.transpose(1, 2), ends, sa, sb, out, None, kernel.id,
-                             scale_format="blockwise")
+                             activation=activation, scale_format="blockwise")
             starts = [0, *ends.tolist()[:-1]]
-            yield what, out, torch.cat([a64[s:s + r] @ w64[g].t() for g, (s, r) in enumerate(zip(starts, rows))])
+            yield what, out, torch.cat([product(g, a64[s:s + r]) for g, (s, r) in enumerate(zip(starts, rows))])
 
 
 def verify_kernel(torch, bundle, kernel: KernelRecord, seed: int) -> KernelResult:

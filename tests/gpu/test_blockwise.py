@@ -57,11 +57,11 @@ def _quantize(x, block, power_of_two=False):
     return tilekiln.quantize_fp8_blockwise(x, block, power_of_two=power_of_two)
 
 
-def _blockwise_kernels(bundle, c="bf16"):
+def _blockwise_kernels(bundle, c="bf16", activation="none"):
     # The dense ones: tests/gpu/test_grouped_blockwise.py runs the grouped ones.
     kernels = [k for k in bundle.kernels if k.config.scaling.value == "blockwise" and k.config.family == "gemm"
-               and k.config.dtypes.c.value == c]
-    assert kernels, f"the bundle has no blockwise kernel writing {c}"
+               and k.config.dtypes.c.value == c and k.config.activation.value == activation]
+    assert kernels, f"the bundle has no blockwise kernel writing {c} with activation {activation}"
     return kernels
 
 
@@ -87,6 +87,32 @@ def test_every_blockwise_kernel_matches_the_dequantized_float64_product(torch, b
                 failures.append(f"{kernel.id} {(m, n, k)}: relative error of the worst row {err:.3g}")
             if not torch.equal(runs[0], runs[1]):
                 failures.append(f"{kernel.id} {(m, n, k)}: two runs differ")
+    assert not failures, "\n".join(failures)
+
+
+def test_blockwise_swiglu_writes_the_paired_product(torch, bundle):
+    """A dense MLP's gate_up with DeepSeek-V3 scales (scaled_gemm(..., activation="swiglu")): each
+    blockwise SwiGLU kernel against silu(gate) * up of the float64 product of the dequantized inputs,
+    the interleaved weight quantized as stored; and the same call on a bundle's choice."""
+    from tilekiln.blockwise import dequantize
+    from tilekiln._torch.epilogue import swiglu_unfused
+
+    failures = []
+    for kernel in _blockwise_kernels(bundle, activation="swiglu"):
+        for i, (m, n, k) in enumerate(((257, 256, 384), (1000, 1280, 1024), (64, 2048, 7168))):
+            gen = torch.Generator(device="cuda").manual_seed(3700 + 10 * kernel.index + i)
+            a8, sa = _quantize(_outliers(torch, m, k, gen), ROWS)
+            w8, sb = _quantize(_weights(torch, n, k, gen), BLOCKS)
+            ref = swiglu_unfused(dequantize(a8, sa, ROWS) @ dequantize(w8, sb, BLOCKS).t())
+            out = torch.full((m, n // 2), float("nan"), device="cuda", dtype=torch.bfloat16)
+            bundle.scaled_gemm(a8, w8.t(), sa, sb, out=out, kernel=kernel.id, scale_format="blockwise",
+                               activation="swiglu")
+            chosen = bundle.scaled_gemm(a8, w8.t(), sa, sb, scale_format="blockwise", activation="swiglu")
+            torch.cuda.synchronize()
+            for what, got in (("pinned", out), ("chosen", chosen)):
+                err = _row_rel(torch, got, ref, "max")
+                if not err < 1e-2:
+                    failures.append(f"{kernel.id} {what} {(m, n, k)}: relative error of the worst row {err:.3g}")
     assert not failures, "\n".join(failures)
 
 

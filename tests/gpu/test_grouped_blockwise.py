@@ -27,9 +27,10 @@ ROUTINGS = (
 )
 
 
-def _kernels(bundle, family):
-    kernels = [k for k in bundle.kernels if k.config.scaling.value == "blockwise" and k.config.family == family]
-    assert kernels, f"the bundle has no blockwise {family} kernel"
+def _kernels(bundle, family, activation="none"):
+    kernels = [k for k in bundle.kernels if k.config.scaling.value == "blockwise" and k.config.family == family
+               and k.config.activation.value == activation]
+    assert kernels, f"the bundle has no blockwise {family} kernel with activation {activation}"
     return kernels
 
 
@@ -67,6 +68,53 @@ def test_every_contiguous_blockwise_kernel_matches_the_dequantized_float64_produ
                     if not err < 1e-2:
                         failures.append(f"{kernel.id} N {n} K {k} group {g} ({r} rows): worst row {err:.3g}")
                 start += r
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("family", ["grouped", "grouped_masked"])
+def test_every_blockwise_swiglu_kernel_writes_the_paired_product(torch, bundle, family):
+    """The expert MLP's gate_up with DeepSeek-V3 scales: each blockwise SwiGLU kernel, through
+    grouped_swiglu(_masked) with scale_format="blockwise", against silu(gate) * up of the float64
+    product of the dequantized inputs (the interleaved weight quantized as it is stored, so a 128-row
+    scale block holds one 64-row gate block and its up block); rows past a masked count stay NaN."""
+    import tilekiln
+    from tilekiln.blockwise import dequantize
+    from tilekiln._torch.epilogue import swiglu_unfused
+
+    masked = family == "grouped_masked"
+    failures = []
+    for kernel in _kernels(bundle, family, "swiglu"):
+        for i, (n, k, rows) in enumerate(ROUTINGS):
+            gen = torch.Generator(device="cuda").manual_seed(3800 + 10 * kernel.index + i)
+            groups, slots, inter = len(rows), max(rows) + 3, -(-n // 256) * 128
+            w8, sb, w64 = _quantized_weights(torch, groups, 2 * inter, k, gen)
+            total = groups * slots if masked else sum(rows)
+            a8, sa = tilekiln.quantize_fp8_blockwise(_outliers(torch, total, k, gen), ROWS)
+            a64 = dequantize(a8, sa, ROWS)
+            if masked:
+                counts = torch.tensor(rows, dtype=torch.int32, device="cuda")
+                out = torch.full((groups, slots, inter), float("nan"), device="cuda", dtype=torch.bfloat16)
+                bundle.grouped_swiglu_masked(a8.view(groups, slots, k), w8, counts,
+                                             scale_a=sa.view(groups, slots, k // 128), scale_b=sb, out=out,
+                                             kernel=kernel.id, scale_format="blockwise")
+                got = [out[g, :r] for g, r in enumerate(rows)]
+                firsts = [g * slots for g in range(groups)]
+            else:
+                ends = torch.tensor(rows, device="cuda").cumsum(0).to(torch.int32)
+                out = torch.full((total, inter), float("nan"), device="cuda", dtype=torch.bfloat16)
+                bundle.grouped_swiglu(a8, w8, ends, scale_a=sa, scale_b=sb, out=out, kernel=kernel.id,
+                                      scale_format="blockwise")
+                firsts = [0, *ends.tolist()[:-1]]
+                got = [out[f:f + r] for f, r in zip(firsts, rows)]
+            torch.cuda.synchronize()
+            for g, r in enumerate(rows):
+                if r:
+                    ref = swiglu_unfused(a64[firsts[g]:firsts[g] + r] @ w64[g].t())
+                    err = _row_rel(torch, got[g], ref, "max")
+                    if not err < 1e-2:
+                        failures.append(f"{kernel.id} I {inter} K {k} group {g} ({r} rows): worst row {err:.3g}")
+                if masked and not out[g, r:].isnan().all():
+                    failures.append(f"{kernel.id} I {inter} K {k} group {g}: rows past {r} written")
     assert not failures, "\n".join(failures)
 
 

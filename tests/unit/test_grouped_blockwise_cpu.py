@@ -13,7 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import tilekiln
 from tilekiln.blockwise import check_grouped_scales
-from tests.unit.test_grouped_epilogues_cpu import FP8, FP8_ROWWISE, bundle_of, grouped
+from tests.unit.test_grouped_epilogues_cpu import FP8, FP8_ROWWISE, FP8_ROWWISE_GATED, bundle_of, grouped
 
 E4M3 = torch.float8_e4m3fn
 FP8_BLOCKWISE = grouped(6, (128, 128, 128), dtype="e4m3", scaling="blockwise")
@@ -120,3 +120,77 @@ def test_a_blockwise_call_runs_only_on_a_blockwise_grouped_kernel(tmp_path):
         assert tilekiln.explain(am, bm, masked_m=rows, scale_format="blockwise",
                                 bundle=masked).kernel.id == MASKED_BLOCKWISE.id
         assert tilekiln.explain(am, bm, masked_m=rows, bundle=masked).kernel.id == MASKED_FP8.id
+
+
+BLOCKWISE_GATED = grouped(9, (128, 128, 128), dtype="e4m3", scaling="blockwise", activation="swiglu")
+MASKED_BLOCKWISE_GATED = grouped(10, (64, 128, 128), family="grouped_masked", dtype="e4m3", schedule="pingpong",
+                                 scaling="blockwise", activation="swiglu")
+
+
+def test_a_blockwise_gate_up_runs_on_a_blockwise_swiglu_kernel_or_pairs_in_torch(tmp_path):
+    """The expert MLP's gate_up with DeepSeek-V3 scales: the fused kernel where the bundle has one, the
+    blockwise GEMM with the pairing left to torch where not, never a per-tensor or row-wise kernel."""
+    with FakeTensorMode():
+        a, b, _, _ = _contiguous(m=4096, n=1024, k=512, groups=8, device="cuda")
+        rows = torch.empty(8, dtype=torch.int32, device="cuda")
+        fused = bundle_of(tmp_path / "fused", FP8_BLOCKWISE, BLOCKWISE_GATED, FP8_ROWWISE_GATED)
+        choice = tilekiln.explain(a, b, offs=rows, scale_format="blockwise", activation="swiglu", bundle=fused)
+        assert choice.kernel.id == BLOCKWISE_GATED.id and not choice.notes
+        plain = bundle_of(tmp_path / "plain", FP8_BLOCKWISE, FP8_ROWWISE_GATED)
+        choice = tilekiln.explain(a, b, offs=rows, scale_format="blockwise", activation="swiglu", bundle=plain)
+        assert choice.kernel.id == FP8_BLOCKWISE.id and "torch applies it" in choice.notes[0]
+        am, bm, _, _ = _masked(m_max=64, n=1024, k=512, groups=8, device="cuda")
+        masked = bundle_of(tmp_path / "masked", MASKED_BLOCKWISE, MASKED_BLOCKWISE_GATED)
+        assert tilekiln.explain(am, bm, masked_m=rows, scale_format="blockwise", activation="swiglu",
+                                bundle=masked).kernel.id == MASKED_BLOCKWISE_GATED.id
+        # The gated kernel never runs the plain call.
+        assert tilekiln.explain(am, bm, masked_m=rows, scale_format="blockwise",
+                                bundle=masked).kernel.id == MASKED_BLOCKWISE.id
+
+
+def test_grouped_swiglu_checks_blockwise_scales_of_the_interleaved_weight(tmp_path):
+    """scale_b's blocks run along w_gate_up's 2I rows: scales of the I-row gate (or up) weight alone
+    are refused naming scale_b, before any kernel is chosen."""
+    bundle = bundle_of(tmp_path, BLOCKWISE_GATED, MASKED_BLOCKWISE_GATED)
+    with FakeTensorMode():
+        a, b, sa, sb = _contiguous(m=300, n=512, k=384, groups=3, device="cuda")
+        w_gate_up = b.transpose(1, 2)  # (G, 2I, K)
+        rows = torch.empty(3, dtype=torch.int32, device="cuda")
+        half = torch.ones(3, 2, 3, device="cuda")  # (G, I/128, K/128)
+        with pytest.raises(ValueError, match=re.escape("scale_b: expected a float32 tensor (G, ceil(N/128), K/128)")):
+            tilekiln.grouped_swiglu(a, w_gate_up, rows, scale_a=sa, scale_b=half, scale_format="blockwise",
+                                    bundle=bundle)
+        am, bm, sam, sbm = _masked(m_max=40, n=512, k=384, groups=3, device="cuda")
+        with pytest.raises(ValueError, match=re.escape("scale_b: expected a float32 tensor (G, ceil(N/128), K/128)")):
+            tilekiln.grouped_swiglu_masked(am, bm.transpose(1, 2), rows, scale_a=sam, scale_b=half,
+                                           scale_format="blockwise", bundle=bundle)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_blockwise_scales_are_read_from_their_shapes_as_a_dense_call_reads_them(tmp_path, monkeypatch, masked):
+    """Without scale_format, (total_M, K/128) (masked: (G, M_max, K/128)) and (G, ceil(N/128), K/128)
+    scales are blockwise, as scaled_gemm reads (M, K/128) and (ceil(N/128), K/128) ones: the call runs
+    the blockwise kernel (its pointer checks too), where a row-wise reading refused scale_a's shape."""
+    from tests.emulated import host_bundle
+    from tilekiln._torch import api
+
+    from tilekiln._torch import run_grouped
+
+    host = host_bundle(tmp_path, monkeypatch, (FP8_ROWWISE_GATED, BLOCKWISE_GATED, MASKED_BLOCKWISE_GATED))
+    checked = []
+    monkeypatch.setattr(run_grouped, "check_float_pointers", lambda **scales: checked.append(scales))
+    a, b, sa, sb = (_masked if masked else _contiguous)(n=256, k=384, groups=3)
+    rows = torch.tensor([40, 0, 7] if masked else [100, 100, 300], dtype=torch.int32)
+    i = b.shape[-1] // 2
+    want = torch.randn(*a.shape[:-1], i)
+    host.library(lambda plan: want)
+    for _ in range(2):  # planned, then from the plan cache
+        out = api.grouped_swiglu(host.bundle, a, b.transpose(1, 2), rows, sa, sb, None, None, masked=masked)
+    (plan,) = host.plans.values()
+    assert plan.kernel_id == (MASKED_BLOCKWISE_GATED if masked else BLOCKWISE_GATED).id and not plan.unfused
+    assert ("scaling", "blockwise") in plan.problem.requested
+    assert out.shape == (*a.shape[:-1], i)
+    if not masked:
+        torch.testing.assert_close(out.float(), want.to(torch.bfloat16).float())
+    # The scales' pointer check runs on every call, as on the explicit path.
+    assert len(checked) == 2 and all(c["scale_a"] is sa and c["scale_b"] is sb for c in checked)

@@ -214,10 +214,11 @@ def grouped_gemm(bundle, a: Tensor, b: Tensor, rows: Tensor, scale_a, scale_b, o
 
 
 def grouped_swiglu(bundle, a: Tensor, w_gate_up: Tensor, rows: Tensor, scale_a, scale_b, out: Tensor | None,
-                   stream, kernel: str | None = None, masked: bool = False):
+                   stream, kernel: str | None = None, masked: bool = False, scale_format: str | None = None):
     """``grouped_swiglu`` (``rows`` is offs) or ``grouped_swiglu_masked`` (masked_m): ``w_gate_up``
     (G, 2I, K), each expert's gate and up rows interleaved (:func:`swiglu_weight`), checked here so
-    that errors name it; the grouped GEMM of ``a`` and ``w_gate_up.transpose(1, 2)`` with SwiGLU."""
+    that errors name it; the grouped GEMM of ``a`` and ``w_gate_up.transpose(1, 2)`` with SwiGLU, its
+    scales as ``grouped_gemm`` takes them for ``scale_format``."""
     check_gate_up(w_gate_up, a, "a", grouped=True)
     return grouped_gemm(bundle, a, w_gate_up.transpose(1, 2), rows, scale_a, scale_b, out, stream, kernel, masked,
-                        "swiglu")
+                        "swiglu", scale_format)

@@ -12,13 +12,16 @@ from tilekiln._tensors import describe
 from tilekiln._torch.epilogue import apply_unfused
 from tilekiln._torch.results import allocate, stage_for, unstage
 from tilekiln._torch.scales import (check_block_kernels, check_float_pointers, check_grouped_scales, check_tensor_scale,
-                                    grouped_scaling, scale_signature)
+                                    grouped_blockwise_shapes, grouped_scaling, scale_signature)
 from tilekiln._torch.streams import on_stream, stream_handle
 from tilekiln.blockscaled import (block_request, check_grouped_block_operands, check_grouped_block_scales,
                                   check_scale_pointers)
 from tilekiln.blockwise import check_grouped_scales as check_grouped_blockwise_scales
 from tilekiln.bundle import Bundle
 from tilekiln.problem import requested_epilogue
+
+
+_BLOCKWISE = ("scaling", "blockwise")
 
 
 def grouped_plan(bundle: Bundle, a: Tensor, b: Tensor, rows: Tensor, scale_a, scale_b, out: Tensor | None,
@@ -29,6 +32,8 @@ def grouped_plan(bundle: Bundle, a: Tensor, b: Tensor, rows: Tensor, scale_a, sc
     from tilekiln.grouped import make_grouped_problem, make_masked_problem, plan_grouped
 
     scale_strides = ()
+    if scale_format is None and grouped_blockwise_shapes(a, b, scale_a, scale_b, masked):
+        scale_format = "blockwise"
     if scale_format == "blockwise":
         scaling = "blockwise"
         requested = requested_epilogue(scaling="blockwise", activation=activation)
@@ -92,7 +97,8 @@ def run_grouped_gemm(bundle: Bundle, a: Tensor, b: Tensor, rows, scale_a, scale_
             target = allocate(plan.run.out_shape, problem.k, dtype, a.device).zero_()
     elif given:
         target = stage_for(out, stream, keep=True)
-    if scale_format == "blockwise":
+    # The plan's scaling: blockwise as asked, or as the scales' shapes said (grouped_plan).
+    if _BLOCKWISE in problem.requested:
         check_float_pointers(scale_a=scale_a, scale_b=scale_b)
     elif scale_format is not None:
         check_scale_pointers(scale_a, scale_b)

@@ -174,6 +174,22 @@ def check_float_pointers(**scales: Tensor) -> None:
                              "pass a fresh float32 tensor")
 
 
+def grouped_blockwise_shapes(a: Tensor, b: Tensor, scale_a, scale_b, masked: bool) -> bool:
+    """Whether a grouped call's scales have the blockwise shapes and not row-wise ones (as
+    :func:`scale_format_of` reads a dense call's): scale_a (total_M, K/128) (masked: (G, M_max, K/128))
+    and scale_b (G, ceil(N/128), K/128), where K is a multiple of 128."""
+    if not all(isinstance(s, Tensor) for s in (scale_a, scale_b)) or a.dim() < 2 or b.dim() != 3:
+        return False
+    k, groups, n = a.shape[-1], b.shape[0], b.shape[-1]
+    if k % BLOCK:
+        return False
+    rows = tuple(a.shape[:-1])
+    blockwise = ((*rows, k // BLOCK), (groups, -(-n // BLOCK), k // BLOCK))
+    rowwise_a, rowwise_b = (rows, (*rows, 1)), ((groups, n), (groups, 1, n))
+    shapes = (tuple(scale_a.shape), tuple(scale_b.shape))
+    return shapes == blockwise and not (shapes[0] in rowwise_a and shapes[1] in rowwise_b)
+
+
 def grouped_scaling(scale_a, scale_b) -> str:
     """A grouped call's scaling, read from its scales as torch._scaled_grouped_mm reads them: "none"
     without scales, "rowwise" where both are tensors and one has more than one element, else "tensor"
