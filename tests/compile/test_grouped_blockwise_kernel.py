@@ -93,3 +93,25 @@ def test_every_blockwise_grouped_kernel_launches_as_its_plan_says(built):
     recorded = Recorded(bundle, link_recording_library(bundle, base / "lib"), base)
     launched = check_grouped_launches(recorded, PROBLEMS, lambda cfg: requested_epilogue(scaling="blockwise"))
     assert launched == {CONTIGUOUS, MASKED}
+
+
+def test_a_blockwise_swiglu_kernel_promotes_as_the_plain_one_and_pairs_in_the_epilogue(tmp_path):
+    """The expert MLP's gate_up: the gated blockwise grouped kernels keep the plain ones' mainloop (as
+    many WGMMAs, two fresh partial sums alternating, the next block in flight during a promotion,
+    no scale load waited on at issue) and add the pairing to the epilogue, within the registers."""
+    gated = CATALOG.replace("    tile: [128, 128, 128]\n", "    tile: [128, 128, 128]\n    activation: swiglu\n")
+    gated = gated.replace("    schedule: pingpong\n", "    schedule: pingpong\n    activation: swiglu\n")
+    result = run_build(make_project(tmp_path / "project", gated), tmp_path / "artifacts", tmp_path / "cache")
+    assert result.ok, [r.error for b in result.bundles for r in b.failed]
+    records = result.bundles[0].records
+    assert {r.kernel_id for r in records} == {CONTIGUOUS + "_swiglu", MASKED + "_swiglu"}
+    for record in records:
+        sass = disassemble(record.cubin)
+        wgmmas = re.findall(r"QGMMA\.64x128x32\.F32\.E4M3\.E4M3 (R\d+), gdesc\[UR\d+\], (\w+)", sass)
+        assert len(wgmmas) == BLOCK_SITES * WGMMAS_PER_BLOCK, record.kernel_id
+        assert len({dst for dst, src in wgmmas if src == "RZ"}) == 2, "two partial sums alternate"
+        assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass and not loads_waited_at_issue(sass)
+        # silu's exponential in the epilogue: the multi-function unit.
+        assert "MUFU.EX2" in sass, record.kernel_id
+        assert record.info.local_bytes == 0 and not record.info.spills, record.kernel_id
+        assert max(int(r) for r in REGISTER.findall(sass)) < record.ctx.plan.consumer_regs
