@@ -17,7 +17,7 @@ operand by its largest magnitude; blockwise by each block's.
 
     python3 bench/blockwise.py --bundle artifacts/sm90a --json bench/results/blockwise-<card>-<date>.json
 
-``--all-kernels`` times every dense bf16-result blockwise kernel of the bundle, each pinned (``kernel=``), as
+``--all-kernels`` times every plain dense bf16-result blockwise kernel of the bundle, each pinned (``kernel=``), as
 sides of their own beside the selection's pick, per-tensor fp8 and bf16, interleaved in the same
 blocks, so one run tells which kernel wins where. Its shapes (``ALL_KERNEL_SHAPES`` unless
 ``--quick`` or ``--deepseek-only``) are the large DeepSeek-V3 projections and three square-ish
@@ -218,9 +218,11 @@ def run(args) -> dict:
     shapes = deepseek_suite() + ([] if args.deepseek_only else shape_suite())
     pinned = ()
     if args.all_kernels:
-        # The bf16-result ones; the fp32-partial ones run split, as the selection's side may pick them.
+        # The plain bf16-result ones: the fp32-partial ones run split, as the selection's side may pick
+        # them, and a SwiGLU one computes another result.
         pinned = tuple(k.id for k in bundle.kernels if k.config.scaling.value == "blockwise"
-                       and k.config.family == "gemm" and k.config.dtypes.c.value == "bf16")
+                       and k.config.family == "gemm" and k.config.dtypes.c.value == "bf16"
+                       and k.config.activation.value == "none")
         if not pinned:
             raise SystemExit(f"bench/blockwise.py: bundle {bundle.name} has no dense blockwise kernel")
         shapes = deepseek_suite() if args.deepseek_only else list(ALL_KERNEL_SHAPES)

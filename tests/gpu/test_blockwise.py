@@ -93,7 +93,8 @@ def test_every_blockwise_kernel_matches_the_dequantized_float64_product(torch, b
 def test_blockwise_swiglu_writes_the_paired_product(torch, bundle):
     """A dense MLP's gate_up with DeepSeek-V3 scales (scaled_gemm(..., activation="swiglu")): each
     blockwise SwiGLU kernel against silu(gate) * up of the float64 product of the dequantized inputs,
-    the interleaved weight quantized as stored; and the same call on a bundle's choice."""
+    the interleaved weight quantized as stored; and the same call on the bundle's choice, which must
+    be a fused kernel."""
     from tilekiln.blockwise import dequantize
     from tilekiln._torch.epilogue import swiglu_unfused
 
@@ -108,6 +109,10 @@ def test_blockwise_swiglu_writes_the_paired_product(torch, bundle):
             bundle.scaled_gemm(a8, w8.t(), sa, sb, out=out, kernel=kernel.id, scale_format="blockwise",
                                activation="swiglu")
             chosen = bundle.scaled_gemm(a8, w8.t(), sa, sb, scale_format="blockwise", activation="swiglu")
+            choice = bundle.explain(a8, w8.t(), out_dtype="bf16",
+                                    requested=(("scaling", "blockwise"), ("activation", "swiglu")))
+            if choice.notes:
+                failures.append(f"{(m, n, k)}: the choice does not fuse the pairing: {choice.notes}")
             torch.cuda.synchronize()
             for what, got in (("pinned", out), ("chosen", chosen)):
                 err = _row_rel(torch, got, ref, "max")

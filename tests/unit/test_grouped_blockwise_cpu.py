@@ -194,3 +194,16 @@ def test_blockwise_scales_are_read_from_their_shapes_as_a_dense_call_reads_them(
         torch.testing.assert_close(out.float(), want.to(torch.bfloat16).float())
     # The scales' pointer check runs on every call, as on the explicit path.
     assert len(checked) == 2 and all(c["scale_a"] is sa and c["scale_b"] is sb for c in checked)
+
+
+def test_one_element_scales_stay_per_tensor_whatever_their_shape():
+    """One group, one row, K 128, N up to 128: (1, 1) and (1, 1, 1) scales have the blockwise shapes,
+    but one element each is a per-tensor scale, as a dense call reads it."""
+    from tilekiln._torch.scales import grouped_blockwise_shapes
+
+    a, b = torch.zeros(1, 128, dtype=E4M3), torch.zeros(1, 100, 128, dtype=E4M3).transpose(1, 2)
+    assert not grouped_blockwise_shapes(a, b, torch.ones(1, 1), torch.ones(1, 1, 1))
+    assert not grouped_blockwise_shapes(a.view(1, 1, 128), b, torch.ones(1, 1, 1), torch.ones(1, 1, 1))
+    a, b, sa, sb = _contiguous(n=256, k=384, groups=3)
+    assert grouped_blockwise_shapes(a, b, sa, sb)
+    assert not grouped_blockwise_shapes(a, b, torch.ones(300), torch.ones(3, 256))  # row-wise

@@ -189,7 +189,7 @@ def grouped_gemm(bundle, a: Tensor, b: Tensor, rows: Tensor, scale_a, scale_b, o
                  scale_format: str | None = None):
     """``grouped_gemm`` (``rows`` is offs) or, with ``masked``, ``grouped_gemm_masked`` (``rows`` is
     masked_m) for torch tensors; ``activation`` "swiglu": ``grouped_swiglu`` (b's columns interleave
-    gate and up); ``scale_format`` None (per-tensor or row-wise scales, read from their shapes),
+    gate and up); ``scale_format`` None (per-tensor, row-wise or blockwise scales, read from their shapes),
     ``"blockwise"`` (tilekiln/blockwise.py, the sm90 blockwise grouped kernels) or a block-scaled format
     (:func:`grouped_block_format`). Not differentiable."""
     name = ("grouped_swiglu" if activation == "swiglu" else "grouped_gemm") + ("_masked" if masked else "")

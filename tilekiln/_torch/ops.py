@@ -233,7 +233,7 @@ def _scaled_gemm_out_fake(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor
 def grouped_gemm_op(a: Tensor, b: Tensor, offs: Tensor, scale_a: Tensor | None, scale_b: Tensor | None,
                     bundle: str, kernel: str, activation: str = "none", scale_format: str = "") -> Tensor:
     """torch._grouped_mm(a, b, offs=offs) (contiguous layout) on ``bundle``'s grouped kernels; with fp8
-    inputs, times the per-tensor or row-wise scales, in bf16; ``activation`` "swiglu": silu(gate) * up
+    inputs, times the per-tensor, row-wise or blockwise scales, in bf16; ``activation`` "swiglu": silu(gate) * up
     of b's interleaved columns, N/2 of them."""
     return run_grouped_gemm(resolve(bundle, a.get_device()), a, b, offs, scale_a, scale_b, None, None,
                             kernel or None, activation=activation, scale_format=scale_format or None)

@@ -32,7 +32,7 @@ def grouped_plan(bundle: Bundle, a: Tensor, b: Tensor, rows: Tensor, scale_a, sc
     from tilekiln.grouped import make_grouped_problem, make_masked_problem, plan_grouped
 
     scale_strides = ()
-    if scale_format is None and grouped_blockwise_shapes(a, b, scale_a, scale_b, masked):
+    if scale_format is None and grouped_blockwise_shapes(a, b, scale_a, scale_b):
         scale_format = "blockwise"
     if scale_format == "blockwise":
         scaling = "blockwise"

@@ -174,12 +174,14 @@ def check_float_pointers(**scales: Tensor) -> None:
                              "pass a fresh float32 tensor")
 
 
-def grouped_blockwise_shapes(a: Tensor, b: Tensor, scale_a, scale_b, masked: bool) -> bool:
-    """Whether a grouped call's scales have the blockwise shapes and not row-wise ones (as
-    :func:`scale_format_of` reads a dense call's): scale_a (total_M, K/128) (masked: (G, M_max, K/128))
-    and scale_b (G, ceil(N/128), K/128), where K is a multiple of 128."""
+def grouped_blockwise_shapes(a: Tensor, b: Tensor, scale_a, scale_b) -> bool:
+    """Whether a grouped call's scales have the blockwise shapes and neither per-tensor nor row-wise
+    ones (as :func:`scale_format_of` reads a dense call's): scale_a (total_M, K/128) (masked: (G,
+    M_max, K/128)) and scale_b (G, ceil(N/128), K/128), where K is a multiple of 128."""
     if not all(isinstance(s, Tensor) for s in (scale_a, scale_b)) or a.dim() < 2 or b.dim() != 3:
         return False
+    if scale_a.numel() == scale_b.numel() == 1:
+        return False  # per tensor, however shaped
     k, groups, n = a.shape[-1], b.shape[0], b.shape[-1]
     if k % BLOCK:
         return False
