@@ -188,29 +188,25 @@ def _runs(torch, bundle, kernel: KernelRecord, gen):
         yield from _grouped_runs(torch, bundle, kernel, gen, dtype, out_dtype, (scale_a, scale_b) if fp8 else None)
         return
     blockwise, rowwise = cfg.scaling is Scaling.BLOCKWISE, cfg.scaling is Scaling.ROWWISE
-    if cfg.dtypes.c.value == "f32" and blockwise:
-        # Split-K partials: each slice promotes its own scale blocks; and a float32 result.
+    if cfg.dtypes.c.value == "f32" and (blockwise or not requested):
+        # Split-K partials (a blockwise slice promotes its own scale blocks), and for fp8 a float32 result.
         for m, n, k, split in SPLIT_SHAPES:
-            a8, w8, sa, sb, ref = _blockwise_operands(torch, m, n, k, gen)
             pin = f"{kernel.id}/splitk{split}"
-            yield f"{pin} {m}x{n}x{k}", scaled(a8, w8.t(), pin=pin, scales=(sa, sb)), ref
-            out = _poisoned(torch, (m, n), torch.float32)
-            scaled(a8, w8.t(), out, out_dtype=torch.float32, scales=(sa, sb))
-            yield f"{kernel.id} {m}x{n}x{k} -> f32", out, ref
-        return
-    if cfg.dtypes.c.value == "f32" and not requested:
-        for m, n, k, split in SPLIT_SHAPES:
-            a = _matrix(torch, m, k, cfg.layout.a_k_major, 1, dtype, gen)[0]
-            b = _matrix(torch, k, n, not cfg.layout.b_k_major, 1, dtype, gen)[0]
-            pin = f"{kernel.id}/splitk{split}"
+            scales = None
+            if blockwise:
+                a8, w8, sa, sb, ref = _blockwise_operands(torch, m, n, k, gen)
+                a, b, scales = a8, w8.t(), (sa, sb)
+            else:
+                a = _matrix(torch, m, k, cfg.layout.a_k_major, 1, dtype, gen)[0]
+                b = _matrix(torch, k, n, not cfg.layout.b_k_major, 1, dtype, gen)[0]
+                ref = epilogue((a.double() @ b.double()) * (SCALES[0] * SCALES[1] if fp8 else 1.0))
             if fp8:
-                ref = epilogue((a.double() @ b.double()) * (SCALES[0] * SCALES[1]))
-                yield f"{pin} {m}x{n}x{k}", scaled(a, b, pin=pin), ref
+                yield f"{pin} {m}x{n}x{k}", scaled(a, b, pin=pin, scales=scales), ref
                 out = _poisoned(torch, (m, n), torch.float32)
-                scaled(a, b, out, out_dtype=torch.float32)
+                scaled(a, b, out, out_dtype=torch.float32, scales=scales)
                 yield f"{kernel.id} {m}x{n}x{k} -> f32", out, ref
             else:
-                yield f"{pin} {m}x{n}x{k}", gemm(a, b, pin=pin), epilogue(a.double() @ b.double())
+                yield f"{pin} {m}x{n}x{k}", gemm(a, b, pin=pin), ref
         return
     pair = 2 * GLU_BLOCK if cfg.activation.gated else 1
     block_format = _block_format(cfg)
