@@ -145,33 +145,43 @@ def check_scale_tensor(name: str, scale, shape: tuple[int, int], unit: int, devi
         raise ValueError(f"{name}: expected a float32 tensor {want}, on the inputs' device; got {', '.join(problems)}")
 
 
+def grouped_scale_shapes(a: torch.Tensor, b: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shapes of a blockwise grouped call's scales for ``a`` (total_M, K), or (G, M_max, K), and
+    ``b`` (G, K, N), K a multiple of 128: scale_a one per row of a and 128 K, scale_b (G,
+    ceil(N/128), K/128)."""
+    groups, k, n = b.shape
+    kb = k // BLOCK
+    return (*a.shape[:-1], kb), (groups, -(-n // BLOCK), kb)
+
+
 def check_grouped_scales(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b, masked: bool
                          ) -> tuple[int, int, int, int]:
     """Check a blockwise grouped call's scales against its operands (already checked: ``a``
     (total_M, K), or (G, M_max, K) when ``masked``, and ``b`` (G, K, N)); TypeError or ValueError
     naming the argument. Returns the scales' (lead, batch) strides for the plan block, in the
     kernels' (rows, K blocks, group) order for scale_a and (N blocks, K blocks, group) for scale_b."""
-    groups, k, n = b.shape
+    k = b.shape[1]
     if k % BLOCK:
         raise ValueError(f"a: K = {k} is not a multiple of {BLOCK}; blockwise scaling takes one scale per {BLOCK} "
                          f"elements of K (pad K with zeros to a multiple of {BLOCK})")
-    kb, nb = k // BLOCK, -(-n // BLOCK)
+    a_shape, b_shape = grouped_scale_shapes(a, b)
+    groups, nb, kb = b_shape
     device = a.device
     if masked:
         m = a.shape[1]
-        check_scale_tensor("scale_a", scale_a, (groups, m, kb), 1, device,
+        check_scale_tensor("scale_a", scale_a, a_shape, 1, device,
                            f"(G, M_max, K/{BLOCK}) = ({groups}, {m}, {kb}) with M_max contiguous "
                            f"(stride (s_g, 1, s_k)), as quantize_fp8_blockwise(a.view(-1, K), (1, {BLOCK}))[1].view(G, M_max, -1) gives")
         lead_a, batch_a = scale_a.stride(2), scale_a.stride(0)
     else:
         m = a.shape[0]
-        check_scale_tensor("scale_a", scale_a, (m, kb), 0, device,
+        check_scale_tensor("scale_a", scale_a, a_shape, 0, device,
                            f"(total_M, K/{BLOCK}) = ({m}, {kb}) M-major (stride (1, s)), as "
                            f"quantize_fp8_blockwise(a, (1, {BLOCK})) gives")
         # One matrix: its batch stride is never used.
         lead_a = scale_a.stride(1)
         batch_a = lead_a * kb
-    check_scale_tensor("scale_b", scale_b, (groups, nb, kb), 2, device,
+    check_scale_tensor("scale_b", scale_b, b_shape, 2, device,
                        f"(G, ceil(N/{BLOCK}), K/{BLOCK}) = ({groups}, {nb}, {kb}) with K/{BLOCK} contiguous (stride "
                        f"(s_g, s_n, 1)), each group's quantize_fp8_blockwise(weight, ({BLOCK}, {BLOCK})) stacked")
     return lead_a, batch_a, scale_b.stride(1), scale_b.stride(0)

@@ -158,6 +158,8 @@ class Scaling(str, enum.Enum):
 
 # Elements of K (and of B's N) one blockwise scale covers; the tile K of a blockwise kernel.
 BLOCKWISE_BLOCK = 128
+# How a blockwise call asks for its kernels (GemmProblem.requested holds it).
+BLOCKWISE_REQUEST = ("scaling", Scaling.BLOCKWISE.value)
 
 
 def blockwise_b_blocks(tile_m: int, tile_n: int, swap_ab: bool = False) -> int:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tilekiln.problem import GemmProblem, Layout2, padded_lead
-from tilekiln.spec import BLOCKWISE_BLOCK, Family, itemsize
+from tilekiln.spec import BLOCKWISE_BLOCK, BLOCKWISE_REQUEST, Family, itemsize
 
 # Seven and fourteen slices serve the K of 7 x 2^k that LLM widths share (DeepSeek-V3's 7168,
 # Llama's 14336 and 28672), which no power of two divides into enough slices.
@@ -60,7 +60,7 @@ def sliced(problem: GemmProblem, split: int) -> GemmProblem | None:
     if problem.k % split or problem.k // split < MIN_SLICE_K:
         return None
     kc = problem.k // split
-    if ("scaling", "blockwise") in problem.requested and kc % BLOCKWISE_BLOCK:
+    if BLOCKWISE_REQUEST in problem.requested and kc % BLOCKWISE_BLOCK:
         return None
     lead = padded_lead(problem.n, itemsize(PARTIAL_DTYPE))  # 16-byte rows for TMA
     if split * problem.m * lead * itemsize(PARTIAL_DTYPE) > MAX_WORKSPACE_BYTES:

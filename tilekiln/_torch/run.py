@@ -26,14 +26,15 @@ from tilekiln.blockwise import check_scales
 from tilekiln.bundle import NEUTRAL_VALUES, Bundle, Plan, raise_misaligned
 from tilekiln.errors import LaunchError, NoKernelError
 from tilekiln.problem import addmm_request
+from tilekiln.spec import BLOCKWISE_REQUEST
 
 _pack_call = CALL["gemm"].pack_into  # the gemm family's call block
 # run_gemm reads the raw stream through this module's own binding of streams.raw_stream (one global
 # look-up on the hot path); stream_handle and current_stream read streams'.
 
 # The requests of the scale formats whose scales are tensors checked by shape and strides (the
-# per-tensor default requests nothing; its scales are one element each).
-_BLOCKWISE = ("scaling", "blockwise")
+# per-tensor default requests nothing; its scales are one element each): row-wise, and blockwise
+# (BLOCKWISE_REQUEST).
 _ROWWISE = ("scaling", "rowwise")
 
 # What addmm asks for when alpha or beta change the result (tilekiln/problem.py, addmm_request).
@@ -188,7 +189,7 @@ def run_scaled_gemm(bundle: Bundle, a: Tensor, b: Tensor, scale_a, scale_b, out_
     out's type, else bf16 (:func:`result_dtype`, as scaled_gemm_out_op passes it under torch.compile)."""
     out_dtype = result_dtype(out_dtype, out) if out_dtype is None else out_dtype
     fp8_result = (out_dtype if out is None else out.dtype) in SCALED_RESULTS
-    blockwise, rowwise = _BLOCKWISE in requested, _ROWWISE in requested
+    blockwise, rowwise = BLOCKWISE_REQUEST in requested, _ROWWISE in requested
     block_format = requested_format(requested, a.dtype)
     key = ("scaled", a.dtype, b.dtype, a.shape, b.shape, a.stride(), b.stride(), a.get_device(), b.get_device(),
            None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()), kernel, out_dtype,

@@ -19,9 +19,7 @@ from tilekiln.blockscaled import (block_request, check_grouped_block_operands, c
 from tilekiln.blockwise import check_grouped_scales as check_grouped_blockwise_scales
 from tilekiln.bundle import Bundle
 from tilekiln.problem import requested_epilogue
-
-
-_BLOCKWISE = ("scaling", "blockwise")
+from tilekiln.spec import BLOCKWISE_REQUEST
 
 
 def grouped_plan(bundle: Bundle, a: Tensor, b: Tensor, rows: Tensor, scale_a, scale_b, out: Tensor | None,
@@ -98,7 +96,7 @@ def run_grouped_gemm(bundle: Bundle, a: Tensor, b: Tensor, rows, scale_a, scale_
     elif given:
         target = stage_for(out, stream, keep=True)
     # The plan's scaling: blockwise as asked, or as the scales' shapes said (grouped_plan).
-    if _BLOCKWISE in problem.requested:
+    if BLOCKWISE_REQUEST in problem.requested:
         check_float_pointers(scale_a=scale_a, scale_b=scale_b)
     elif scale_format is not None:
         check_scale_pointers(scale_a, scale_b)

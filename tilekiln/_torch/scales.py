@@ -13,7 +13,7 @@ from tilekiln._torch.checks import bias_token
 from tilekiln._torch.epilogue import SCALED_RESULTS
 from tilekiln._torch.results import result_dtype
 from tilekiln.blockscaled import RUNTIME_BLOCK_FORMATS, block_request, check_block_elements, format_of
-from tilekiln.blockwise import BLOCK, check_scale_tensor, scale_format_token
+from tilekiln.blockwise import BLOCK, check_scale_tensor, grouped_scale_shapes, scale_format_token
 from tilekiln.bundle import Bundle
 from tilekiln.errors import NoKernelError
 from tilekiln.problem import requested_epilogue, result_shape
@@ -182,14 +182,20 @@ def grouped_blockwise_shapes(a: Tensor, b: Tensor, scale_a, scale_b) -> bool:
         return False
     if scale_a.numel() == scale_b.numel() == 1:
         return False  # per tensor, however shaped
-    k, groups, n = a.shape[-1], b.shape[0], b.shape[-1]
-    if k % BLOCK:
+    if a.shape[-1] % BLOCK:
         return False
-    rows = tuple(a.shape[:-1])
-    blockwise = ((*rows, k // BLOCK), (groups, -(-n // BLOCK), k // BLOCK))
-    rowwise_a, rowwise_b = (rows, (*rows, 1)), ((groups, n), (groups, 1, n))
+    rowwise_a, rowwise_b = grouped_rowwise_shapes(a, b)
     shapes = (tuple(scale_a.shape), tuple(scale_b.shape))
-    return shapes == blockwise and not (shapes[0] in rowwise_a and shapes[1] in rowwise_b)
+    return shapes == grouped_scale_shapes(a, b) and not (shapes[0] in rowwise_a and shapes[1] in rowwise_b)
+
+
+def grouped_rowwise_shapes(a: Tensor, b: Tensor) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
+    """The shapes a row-wise grouped call's scales may take, as torch._scaled_grouped_mm takes them:
+    scale_a one per row of a, (total_M,) or (total_M, 1) (masked: (G, M_max) or (G, M_max, 1)), scale_b
+    one per group and column of b, (G, N) or (G, 1, N)."""
+    groups, n = b.shape[0], b.shape[-1]
+    rows = tuple(a.shape[:-1])
+    return (rows, (*rows, 1)), ((groups, n), (groups, 1, n))
 
 
 def grouped_scaling(scale_a, scale_b) -> str:
@@ -208,11 +214,10 @@ def check_grouped_scales(a: Tensor, b: Tensor, scale_a, scale_b, masked: bool) -
     contiguous, on a's device; scale_a one per row of a, (total_M,) or (total_M, 1) (masked: (G, M_max)
     or (G, M_max, 1)), scale_b one per group and column of b, (G, N) or (G, 1, N). TypeError or
     ValueError naming the argument. Each vector's length must be an int32 (the kernels index it so)."""
-    groups, n = b.shape[0], b.shape[-1]
-    rows = tuple(a.shape[:-1])
+    a_shapes, b_shapes = grouped_rowwise_shapes(a, b)
     for name, scale, shapes, per in (
-            ("scale_a", scale_a, (rows, (*rows, 1)), "row of a"),
-            ("scale_b", scale_b, ((groups, n), (groups, 1, n)), "group and column of b")):
+            ("scale_a", scale_a, a_shapes, "row of a"),
+            ("scale_b", scale_b, b_shapes, "group and column of b")):
         want = f"{' or '.join(str(tuple(x)) for x in shapes)} (one per {per})"
         if not isinstance(scale, Tensor):
             raise TypeError(f"{name}: expected a contiguous float32 tensor {want} for row-wise scales, got "
